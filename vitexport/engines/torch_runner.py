@@ -1,0 +1,61 @@
+"""Run an ``nn.Module`` on numpy feeds; outputs are flattened the way the exporter sees them."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import BaseRunner, InputSpec
+
+__all__ = ["TorchRunner", "primary_output"]
+
+
+def primary_output(out) -> torch.Tensor:
+    """A model's exported output: ``logits`` of a dict / HF output, else the first tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits") and isinstance(getattr(out, "logits"), torch.Tensor):
+        return out.logits
+    if isinstance(out, dict):
+        if isinstance(out.get("logits"), torch.Tensor):
+            return out["logits"]
+        for v in out.values():
+            try:
+                return primary_output(v)
+            except TypeError:
+                continue
+    if isinstance(out, (tuple, list)):
+        for v in out:
+            try:
+                return primary_output(v)
+            except TypeError:
+                continue
+    if hasattr(out, "to_tuple"):
+        return primary_output(out.to_tuple())
+    raise TypeError(f"model output of type {type(out).__name__} holds no tensor")
+
+
+class TorchRunner(BaseRunner):
+    """Eval-mode, no-grad inference of a module whose inputs are ``example_inputs``' names."""
+
+    engine = "torch"
+
+    def __init__(self, module: torch.nn.Module, example_inputs: dict[str, torch.Tensor], name: str | None = None):
+        super().__init__(name)
+        self.module = module
+        self.example_inputs = example_inputs
+        self._output_name = "output"
+
+    def activate_impl(self) -> None:
+        self.module.eval()
+
+    def input_specs_impl(self) -> list[InputSpec]:
+        return [
+            InputSpec(k, tuple(-1 if i == 0 else d for i, d in enumerate(v.shape)), np.dtype(str(v.dtype).replace("torch.", "")))
+            for k, v in self.example_inputs.items()
+        ]
+
+    def infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
+            out = primary_output(self.module(**tensors))
+        return {self._output_name: out.detach().float().cpu().numpy()}

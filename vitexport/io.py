@@ -1,0 +1,63 @@
+"""Atomic artifact writes: write beside the target, fsync, then rename.
+
+A run killed mid-write, or a full disk, leaves either the previous file or none, never half of one.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file"]
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; on success rename it onto ``target``.
+
+    On any exception the temporary file is removed and ``target`` is left as it was.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix or ".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        # onnx may write external data beside the temp file; leave nothing behind
+        for extra in tmp_path.parent.glob(tmp_path.name + ".*"):
+            with contextlib.suppress(OSError):
+                extra.unlink()
+        raise
+
+
+def atomic_write_bytes(target: str | Path, data: bytes) -> Path:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    return Path(target)
+
+
+def atomic_write_text(target: str | Path, text: str) -> Path:
+    return atomic_write_bytes(target, text.encode("utf-8"))
+
+
+def atomic_write_json(target: str | Path, obj: Any) -> Path:
+    return atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=False, allow_nan=True) + "\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

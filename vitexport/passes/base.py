@@ -1,0 +1,86 @@
+"""What every graph pass is: a named unit ``(model, example_inputs, spec) -> (model, PassReport)``.
+
+Passes copy the model unless ``inplace=True``. ``changed`` counts sites really rewritten; a pass that
+found nothing says so (``found=0``), and ``changed=0`` is a statement, not a default.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+__all__ = ["SkippedSite", "PassReport", "GraphPass", "PASSES", "register_pass", "get_pass", "maybe_copy"]
+
+
+@dataclass
+class SkippedSite:
+    site: str
+    reason: str
+
+
+@dataclass
+class PassReport:
+    """Outcome of one pass: ``found`` candidate sites, ``changed`` rewritten, ``skipped`` with reasons."""
+
+    name: str
+    found: int = 0
+    changed: int = 0
+    skipped: list[SkippedSite] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def skip(self, site: str, reason: str) -> None:
+        self.skipped.append(SkippedSite(site, reason))
+
+    def summary(self) -> str:
+        if self.found == 0:
+            return f"{self.name}: no sites found" + (f" ({'; '.join(self.notes)})" if self.notes else "")
+        s = f"{self.name}: {self.changed}/{self.found} sites changed"
+        if self.skipped:
+            s += f", {len(self.skipped)} skipped"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "found": self.found,
+            "changed": self.changed,
+            "skipped": [{"site": s.site, "reason": s.reason} for s in self.skipped],
+            "notes": list(self.notes),
+        }
+
+
+class GraphPass(Protocol):
+    name: str
+
+    def __call__(
+        self, model: torch.nn.Module, example_inputs: dict[str, torch.Tensor], spec: Any = None, *, inplace: bool = False
+    ) -> tuple[torch.nn.Module, PassReport]: ...
+
+
+PASSES: dict[str, GraphPass] = {}
+
+
+def register_pass(name: str) -> Callable[[Callable], Callable]:
+    """Register a pass under ``name``; a second registration of the same name is an error."""
+
+    def deco(fn: Callable) -> Callable:
+        if name in PASSES:
+            raise ValueError(f"pass '{name}' is already registered")
+        fn.name = name  # type: ignore[attr-defined]
+        PASSES[name] = fn  # type: ignore[assignment]
+        return fn
+
+    return deco
+
+
+def get_pass(name: str) -> GraphPass:
+    try:
+        return PASSES[name]
+    except KeyError:
+        raise KeyError(f"unknown pass '{name}'; registered: {sorted(PASSES)}") from None
+
+
+def maybe_copy(model: torch.nn.Module, inplace: bool) -> torch.nn.Module:
+    return model if inplace else copy.deepcopy(model)

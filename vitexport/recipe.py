@@ -1,0 +1,292 @@
+"""The recipe schema: what a target wants, validated before anything runs.
+
+A recipe is a YAML file under ``recipes/`` (or any path). Defaults live only here, in the schema;
+unknown keys are errors that name the key path and the file (pydantic ``extra="forbid"``).
+``--set key.path=value`` overrides are applied to the raw mapping before validation, so they go
+through exactly the same checks as the file.
+"""
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import BadInput
+
+__all__ = [
+    "TargetKind",
+    "CalibrationMethod",
+    "LayerNormMode",
+    "Exporter",
+    "Tolerance",
+    "Recipe",
+    "RECIPES_DIR",
+    "available_recipes",
+    "resolve_recipe_path",
+    "load_recipe",
+    "parse_override",
+]
+
+RECIPES_DIR = Path(os.environ.get("VITEXPORT_RECIPES", Path(__file__).resolve().parents[1] / "recipes"))
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+class TargetKind(str, enum.Enum):
+    """Where the artifact runs; the quantization rules belong to the kind (see ``quantize.targets``)."""
+
+    orin = "orin"
+    npu = "npu"
+    cpu = "cpu"
+
+
+class CalibrationMethod(str, enum.Enum):
+    minmax = "minmax"
+    percentile = "percentile"
+    entropy = "entropy"
+    mse = "mse"
+
+
+class LayerNormMode(str, enum.Enum):
+    constants = "constants"
+    fold = "fold"
+
+
+class Exporter(str, enum.Enum):
+    auto = "auto"
+    torchscript = "torchscript"
+    dynamo = "dynamo"
+
+
+class Tolerance(_Spec):
+    """A stage's parity contract. ``None`` means the metric is reported but not gated.
+
+    ``max_abs`` is divided by the reference's largest magnitude when ``relative`` is true, so one
+    number fits logits of any scale.
+    """
+
+    max_abs: float | None = None
+    relative: bool = True
+    cosine_min: float | None = None
+    top1_agreement: float | None = None
+    accuracy_drop: float | None = Field(
+        default=None, description="largest allowed drop of accuracy (fraction) vs the untouched model"
+    )
+    exact_unmasked: bool = False
+
+
+class FreezeLayerNormSpec(_Spec):
+    enabled: bool = True
+    mode: LayerNormMode = LayerNormMode.fold
+
+
+class StageToggle(_Spec):
+    enabled: bool = True
+
+
+class StagesSpec(_Spec):
+    freeze_layernorm: FreezeLayerNormSpec = FreezeLayerNormSpec()
+    mask_to_where: StageToggle = StageToggle()
+    fuse_qkv: StageToggle = StageToggle()
+    quantize_int8: StageToggle = StageToggle()
+    build_engine: StageToggle = StageToggle()
+
+
+class ExportSpec(_Spec):
+    opset: int = Field(default=17, ge=11, le=23)
+    exporter: Exporter = Exporter.auto
+    decompose_layernorm: bool = False
+    batch_size: int = Field(default=1, ge=1)
+    simplify: bool = True
+
+
+class ContractSpec(_Spec):
+    """What the target's compiler accepts. ``allowed_ops`` of ``None`` means any standard op."""
+
+    max_opset: int = Field(default=17, ge=11, le=23)
+    allowed_ops: list[str] | None = None
+    forbidden_ops: list[str] = []
+    forbid_float16: bool = False
+    static_shapes: bool = True
+
+
+class PreprocessSpec(_Spec):
+    """How images are turned into the model's input when the model does not say."""
+
+    resize: int | None = None
+    crop: int | None = None
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+
+class CalibrationSpec(_Spec):
+    method: CalibrationMethod = CalibrationMethod.percentile
+    num_samples: int = Field(default=128, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+    percentile: float = Field(default=99.99, gt=50.0, le=100.0)
+    num_bins: int = Field(default=2048, ge=128)
+    seed: int = 0
+    reuse: bool = True
+    preprocess: PreprocessSpec = PreprocessSpec()
+
+
+class FallbackSpec(_Spec):
+    enabled: bool = True
+    max_float_layers: int = Field(default=8, ge=0)
+
+
+class QuantizationSpec(_Spec):
+    equalize: bool = True
+    equalize_alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    asymmetric_activations: bool = False
+    per_channel_weights: bool = True
+    quantize_attention_matmuls: bool = True
+    fallback: FallbackSpec = FallbackSpec()
+
+
+def _default_parity() -> dict[str, Tolerance]:
+    fold = Tolerance(max_abs=1e-5)
+    return {
+        "freeze_layernorm": fold,
+        "mask_to_where": Tolerance(max_abs=1e-5, exact_unmasked=True),
+        "fuse_qkv": fold,
+        "export_onnx": Tolerance(max_abs=1e-4),
+        "simplify": Tolerance(max_abs=1e-4),
+        "quantize_int8": Tolerance(cosine_min=0.98, top1_agreement=0.9),
+        "build_engine": Tolerance(cosine_min=0.98, top1_agreement=0.9),
+    }
+
+
+STAGE_NAMES = (
+    "freeze_layernorm",
+    "mask_to_where",
+    "fuse_qkv",
+    "export_onnx",
+    "simplify",
+    "quantize_int8",
+    "build_engine",
+)
+
+
+class Recipe(_Spec):
+    """A validated recipe. ``name`` is the recipe's name (file stem), ``target`` the rules it follows."""
+
+    name: str
+    target: TargetKind
+    description: str = ""
+    stages: StagesSpec = StagesSpec()
+    export: ExportSpec = ExportSpec()
+    contract: ContractSpec = ContractSpec()
+    calibration: CalibrationSpec = CalibrationSpec()
+    quantization: QuantizationSpec = QuantizationSpec()
+    parity: dict[str, Tolerance] = Field(default_factory=_default_parity)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        unknown = sorted(set(self.parity) - set(STAGE_NAMES))
+        if unknown:
+            raise ValueError(f"unknown stage name(s) {unknown} in parity; stages are {list(STAGE_NAMES)}")
+        if self.export.opset > self.contract.max_opset:
+            raise ValueError(
+                f"export.opset {self.export.opset} is above contract.max_opset {self.contract.max_opset}"
+            )
+        return self
+
+    def tolerance(self, stage: str) -> Tolerance:
+        """The stage's tolerance: the recipe's own, else the schema default."""
+        return self.parity.get(stage) or _default_parity()[stage]
+
+
+def available_recipes() -> list[str]:
+    """Names of the recipes shipped in ``recipes/`` (``vitexport targets``)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def resolve_recipe_path(target: str) -> Path:
+    """A recipe name (``orin``) or a path to a YAML file → the file. Raises BadInput if neither."""
+    p = Path(target)
+    if p.suffix in {".yaml", ".yml"}:
+        if not p.is_file():
+            raise BadInput(f"recipe file not found: {p}")
+        return p
+    candidate = RECIPES_DIR / f"{target}.yaml"
+    if not candidate.is_file():
+        raise BadInput(f"unknown target '{target}'; known targets: {', '.join(available_recipes())}")
+    return candidate
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'calibration.method=minmax'`` → (['calibration', 'method'], 'minmax'); the value is YAML."""
+    if "=" not in text:
+        raise BadInput(f"--set expects KEY=VALUE, got '{text}'")
+    key, _, raw = text.partition("=")
+    path = [k for k in key.strip().split(".") if k]
+    if not path:
+        raise BadInput(f"--set has an empty key in '{text}'")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def _apply_override(data: dict, path: list[str], value: Any, source: str) -> None:
+    node = data
+    for i, key in enumerate(path[:-1]):
+        nxt = node.get(key)
+        if nxt is None:
+            nxt = node[key] = {}
+        if not isinstance(nxt, dict):
+            raise BadInput(f"{source}: --set {'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a mapping")
+        node = nxt
+    node[path[-1]] = value
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        msg = "unknown key"
+    elif kind == "enum":
+        msg = f"{first['msg'].lower()} (got {first.get('input')!r})"
+    else:
+        msg = f"{first['msg']} (got {first.get('input')!r})" if "input" in first and kind != "missing" else first["msg"]
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def load_recipe(target: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Load, override and validate a recipe.
+
+    Args:
+        target: a recipe name from ``recipes/`` or a path to a YAML file.
+        overrides: ``key.path=value`` strings applied before validation.
+    Returns:
+        The frozen, validated :class:`Recipe`.
+    Raises:
+        BadInput: unknown target, unreadable YAML, unknown key, wrong type; the message names the
+            key path and the file.
+    """
+    path = resolve_recipe_path(target)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadInput(f"{path}: cannot read recipe: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: a recipe must be a mapping, got {type(data).__name__}")
+    data.setdefault("name", path.stem)
+    for text in overrides:
+        keys, value = parse_override(text)
+        _apply_override(data, keys, value, str(path))
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise BadInput(_format_error(err, str(path))) from None

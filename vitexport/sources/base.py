@@ -1,0 +1,91 @@
+"""What a model source hands to the pipeline: a module with named inputs and how to feed it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..engines.torch_runner import primary_output
+from ..errors import BadInput
+
+__all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify"]
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How the model was trained to see images (timm pretrained cfg, HF preprocessor, torchvision)."""
+
+    input_size: tuple[int, int, int]  # C, H, W
+    resize: int
+    crop: int
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+
+class OutputAdapter(nn.Module):
+    """Calls the wrapped model with keyword inputs in a fixed order and returns one tensor.
+
+    The exporter passes positional arguments; this fixes their names. A tuple, dict or Hugging Face
+    output object is reduced to its ``logits`` (or first tensor).
+    """
+
+    def __init__(self, model: nn.Module, input_names: list[str], keyword: bool = True):
+        super().__init__()
+        self.model = model
+        self.input_names = list(input_names)
+        self.keyword = keyword
+
+    def forward(self, *args, **kwargs):
+        if args:
+            kwargs = {**dict(zip(self.input_names, args)), **kwargs}
+        if self.keyword:
+            out = self.model(**kwargs)
+        else:
+            out = self.model(*(kwargs[n] for n in self.input_names))
+        return primary_output(out)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the pipeline.
+
+    Attributes:
+        module: an ``OutputAdapter`` in eval mode; ``module(**example_inputs)`` returns one tensor.
+        example_inputs: name → tensor with the static export shapes and dtypes.
+        name: a slug used for the default output folder.
+        family: ``timm`` | ``torchvision`` | ``hf`` | ``python``.
+        preprocess: image preprocessing, when the source knows it.
+    """
+
+    module: OutputAdapter
+    example_inputs: dict[str, torch.Tensor]
+    name: str
+    family: str
+    uri: str
+    preprocess: Preprocess | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.example_inputs)
+
+
+def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
+    """``'1,3,224,224'`` → (1, 3, 224, 224). Raises BadInput on anything else."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in str(text).replace("x", ",").split(",")]
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise BadInput(f"--input-shape '{text}': expected comma-separated positive integers like 1,3,224,224") from None
+    if not dims or any(d <= 0 for d in dims) or len(dims) not in (2, 3, 4):
+        raise BadInput(f"--input-shape '{text}': expected N,C,H,W (or N,L for token inputs) with positive sizes")
+    return dims
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"

@@ -1,0 +1,38 @@
+"""``timm:NAME`` — a timm model built with random weights (no hub download); ``--weights`` fills it."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import BadInput
+from .base import Preprocess
+
+__all__ = ["load_timm"]
+
+
+def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess]:
+    """Build ``timm.create_model(name, pretrained=False, **kwargs)``.
+
+    Returns:
+        (module, (C, H, W) from the pretrained config, preprocessing from the pretrained config).
+    Raises:
+        BadInput: unknown model name.
+    """
+    import timm
+    from timm.data import resolve_data_config
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:5] if name else []
+        raise BadInput(f"unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else ""))
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    cfg = resolve_data_config({}, model=model)
+    c, h, w = cfg["input_size"]
+    crop_pct = float(cfg.get("crop_pct", 1.0) or 1.0)
+    pre = Preprocess(
+        input_size=(c, h, w),
+        resize=int(round(h / crop_pct)),
+        crop=h,
+        interpolation=str(cfg.get("interpolation", "bicubic")),
+        mean=tuple(float(v) for v in cfg["mean"]),
+        std=tuple(float(v) for v in cfg["std"]),
+    )
+    return model, (c, h, w), pre
