@@ -28,6 +28,10 @@ def atomic_path(target: str | Path, suffix: str | None = None) -> Iterator[Path]
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates 0600; an artifact gets the usual permissions (0666 minus the umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, target)

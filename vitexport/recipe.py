@@ -24,6 +24,7 @@ __all__ = [
     "Exporter",
     "Tolerance",
     "Recipe",
+    "STAGE_NAMES",
     "RECIPES_DIR",
     "available_recipes",
     "resolve_recipe_path",
@@ -175,6 +176,14 @@ STAGE_NAMES = (
 )
 
 
+class ParityDataSpec(_Spec):
+    """Which parity samples every stage is compared on (a seeded subset when the data is larger)."""
+
+    num_samples: int = Field(default=512, ge=1)
+    seed: int = 0
+    synthetic_samples: int = Field(default=16, ge=1, description="used only when no data is given")
+
+
 class Recipe(_Spec):
     """A validated recipe. ``name`` is the recipe's name (file stem), ``target`` the rules it follows."""
 
@@ -187,6 +196,7 @@ class Recipe(_Spec):
     calibration: CalibrationSpec = CalibrationSpec()
     quantization: QuantizationSpec = QuantizationSpec()
     parity: dict[str, Tolerance] = Field(default_factory=_default_parity)
+    parity_data: ParityDataSpec = ParityDataSpec()
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":

@@ -101,7 +101,7 @@ def load_model(
         keyword, name = True, f"hf-{Path(rest).resolve().name}"
     else:
         model, example, path, func = load_python(rest)
-        name = f"{path.stem}-{func}"
+        name = func.removeprefix("build_").removeprefix("create_") or path.stem
         if example is not None:
             if shape is not None:
                 raise BadInput(f"python:{rest}: the function returns example_inputs; --input-shape cannot override them")

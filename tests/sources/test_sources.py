@@ -1,0 +1,193 @@
+"""Model sources: every URI scheme, weights formats, output reduction, and bad input."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from vitexport.errors import BadInput
+from vitexport.sources import load_model, parse_input_shape
+from vitexport.sources.weights import read_state_dict
+
+
+def _out(m):
+    with torch.no_grad():
+        return m.module(**m.example_inputs)
+
+
+def test_timm_shape_and_preprocess_from_pretrained_cfg():
+    m = load_model("timm:vit_tiny_patch16_224")
+    assert list(m.example_inputs) == ["x"]
+    assert tuple(m.example_inputs["x"].shape) == (1, 3, 224, 224)
+    assert m.preprocess.crop == 224 and m.preprocess.interpolation == "bicubic"
+    assert _out(m).shape == (1, 1000)
+
+
+def test_timm_input_shape_override_sets_batch():
+    m = load_model("timm:vit_tiny_patch16_224", input_shape="2,3,224,224")
+    assert tuple(m.example_inputs["x"].shape) == (2, 3, 224, 224)
+
+
+def test_torchvision_vit_image_size():
+    m = load_model("torchvision:vit_b_16")
+    assert tuple(m.example_inputs["x"].shape) == (1, 3, 224, 224)
+    assert m.preprocess.resize == 256 and m.family == "torchvision"
+
+
+@pytest.mark.parametrize("uri", ["timm:not_a_model_xyz", "torchvision:nope_net", "pytorch:vit", "timm:"])
+def test_unknown_models_are_bad_input(uri):
+    with pytest.raises(BadInput):
+        load_model(uri)
+
+
+def _save_hf_vit(folder, with_preproc=True):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                    image_size=32, patch_size=8, num_labels=7)
+    model = ViTForImageClassification(cfg).eval()
+    model.save_pretrained(folder)
+    if with_preproc:
+        (folder / "preprocessor_config.json").write_text(json.dumps(
+            {"image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6], "size": {"height": 32, "width": 32}, "resample": 3}))
+    return model
+
+
+def test_hf_image_folder_logits_and_preprocess(tmp_path):
+    ref = _save_hf_vit(tmp_path)
+    m = load_model(f"hf:{tmp_path}")
+    assert list(m.example_inputs) == ["pixel_values"]
+    assert tuple(m.example_inputs["pixel_values"].shape) == (1, 3, 32, 32)
+    assert m.preprocess.mean == (0.1, 0.2, 0.3) and m.preprocess.interpolation == "bicubic"
+    with torch.no_grad():
+        want = ref(pixel_values=m.example_inputs["pixel_values"]).logits
+    torch.testing.assert_close(_out(m), want)
+
+
+def test_hf_text_encoder_gets_ids_and_mask(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertModel(cfg).save_pretrained(tmp_path)
+    m = load_model(f"hf:{tmp_path}", input_shape="2,16")
+    assert list(m.example_inputs) == ["input_ids", "attention_mask"]
+    assert m.example_inputs["input_ids"].dtype == torch.int64
+    assert _out(m).shape == (2, 16, 32)  # last_hidden_state: the first tensor of the output
+
+
+def test_hf_missing_config(tmp_path):
+    with pytest.raises(BadInput, match="config.json"):
+        load_model(f"hf:{tmp_path}")
+
+
+def test_python_module_with_input_shape(tiny_vit_file):
+    m = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    assert m.name == "build" or m.name
+    assert _out(m).shape == (1, 5)
+
+
+def test_python_module_needs_shape(tiny_vit_file):
+    with pytest.raises(BadInput, match="--input-shape"):
+        load_model(f"python:{tiny_vit_file}:build")
+
+
+def test_python_example_inputs_fix_names_and_shapes(tiny_vit_file):
+    m = load_model(f"python:{tiny_vit_file}:build_with_inputs")
+    assert list(m.example_inputs) == ["image"]
+    assert tuple(m.example_inputs["image"].shape) == (2, 3, 32, 32)
+    assert _out(m).shape == (2, 5)
+
+
+def test_python_dict_output_reduces_to_logits(tiny_vit_file):
+    plain = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    wrapped = load_model(f"python:{tiny_vit_file}:build_tuple_output", input_shape="1,3,32,32")
+    torch.testing.assert_close(_out(wrapped), _out(plain))
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("missing.py:build", "not found"),
+    ("{file}:nothing_here", "no function"),
+    ("{file}:not_a_model", "expected an nn.Module"),
+    ("{file}", "PATH.py:FUNCTION"),
+])
+def test_python_bad_specs(tiny_vit_file, spec, match):
+    with pytest.raises(BadInput, match=match):
+        load_model("python:" + spec.format(file=tiny_vit_file), input_shape="1,3,32,32")
+
+
+def test_safetensors_and_pt_weights_load_the_same(tiny_vit_file, tmp_path):
+    from safetensors.torch import save_file
+
+    src = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    sd = {k: v.clone() * 0.5 for k, v in src.module.model.state_dict().items()}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    torch.save({"state_dict": {"module." + k: v for k, v in sd.items()}}, tmp_path / "w.pt")
+    a = load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "w.safetensors", input_shape="1,3,32,32")
+    b = load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "w.pt", input_shape="1,3,32,32")
+    torch.testing.assert_close(a.module.model.q.weight, sd["q.weight"])
+    torch.testing.assert_close(_out(a), _out(b))
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickle_with_code_is_refused_and_never_run(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"w": torch.zeros(1), "payload": Evil()}, path)
+    with pytest.raises(BadInput, match="--trust-pickle"):
+        read_state_dict(path)
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_trust_pickle_allows_code(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"w": torch.zeros(1), "payload": Evil()}, path)
+    sd = read_state_dict(path, trust_pickle=True)
+    assert list(sd) == ["w"]
+
+
+@pytest.mark.parametrize("content,match", [(b"", "empty"), (b"\x00garbage" * 10, "safetensors")])
+def test_corrupt_safetensors(tmp_path, content, match):
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(content)
+    with pytest.raises(BadInput, match=match):
+        read_state_dict(p)
+
+
+def test_truncated_checkpoint(tmp_path, tiny_vit_file):
+    m = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    p = tmp_path / "w.pt"
+    torch.save(m.module.model.state_dict(), p)
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(BadInput, match="corrupt or truncated"):
+        read_state_dict(p)
+
+
+def test_mismatching_weights_name_keys(tmp_path, tiny_vit_file):
+    from safetensors.torch import save_file
+
+    save_file({"q.weight": torch.zeros(3, 3)}, str(tmp_path / "w.safetensors"))
+    with pytest.raises(BadInput, match="missing"):
+        load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "w.safetensors", input_shape="1,3,32,32")
+
+
+def test_missing_weights_file(tmp_path):
+    with pytest.raises(BadInput, match="not found"):
+        read_state_dict(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("text", ["1,3,224", "a,b,c,d", "1,3,-2,224", "", "1,3,224,224,1,1"])
+def test_malformed_input_shape(text):
+    if text == "1,3,224":
+        assert parse_input_shape(text) == (1, 3, 224)  # N,C,L is allowed; image models reject it later
+        with pytest.raises(BadInput, match="N,C,H,W"):
+            load_model("timm:vit_tiny_patch16_224", input_shape=text)
+        return
+    with pytest.raises(BadInput, match="--input-shape"):
+        parse_input_shape(text)

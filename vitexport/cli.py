@@ -1,0 +1,129 @@
+"""The ``vitexport`` command: parse arguments, call :mod:`vitexport.api`, print, return an exit code.
+
+Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named); 2 bad input
+(usage, recipe, data, model), always one line on stderr and no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with 2 on usage errors already; keep its message to one line."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"vitexport: error: {message}\n")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a model for a target: passes, ONNX, simplify, INT8, engine script; parity after each stage."""
+    from . import api
+
+    arts = api.export(
+        args.model, args.target, weights=args.weights, input_shape=args.input_shape, calib=args.calib,
+        parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers,
+        trust_pickle=args.trust_pickle, resume=not args.no_resume, log=lambda line: print(line, flush=True),
+    )
+    _print_summary(arts)
+    return 0
+
+
+def _print_summary(arts) -> None:
+    run = arts.parity
+    for note in run.notes:
+        print(f"note: {note}")
+    accs = [(s.stage, s.metrics) for s in run.stages if s.metrics.accuracy is not None]
+    if accs:
+        ref = accs[0][1].reference_accuracy
+        last = {stage: m.accuracy for stage, m in accs}
+        fp32 = last.get("simplify", ref)
+        int8 = last.get("quantize_int8")
+        line = f"accuracy on {run.data}: torch {ref:.4f}, FP32 ONNX {fp32:.4f}"
+        if int8 is not None:
+            line += f", INT8 ONNX {int8:.4f}"
+        print(line)
+    print(f"all stages passed; artifacts in {arts.out_dir}/")
+    for name in sorted(arts.files):
+        print(f"  {name}")
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    """List the recipes (targets) shipped with vitexport."""
+    from . import api
+
+    for name, desc in api.targets().items():
+        print(f"{name:<10} {desc}")
+    return 0
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    """Re-render a finished run's report (OUT_DIR), or compare two models with --compare A B."""
+    from . import api
+    from .errors import BadInput
+
+    if args.compare:
+        if not args.parity_data:
+            raise BadInput("--compare needs --parity-data PATH")
+        result = api.compare(args.compare[0], args.compare[1], args.parity_data, layers=args.layers, out=args.out, target=args.target)
+        print(result.summary())
+        return 0 if result.passed else 1
+    if not args.out_dir:
+        raise BadInput("parity: give OUT_DIR (a finished run) or --compare A B")
+    files = api.render_parity(args.out_dir)
+    for path in files.values():
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    e = sub.add_parser("export", help=cmd_export.__doc__, description=cmd_export.__doc__)
+    e.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    e.add_argument("--model", default=None, help="timm:NAME | torchvision:NAME | hf:DIR | python:PATH.py:FUNC (default: the bundled demo)")
+    e.add_argument("--weights", default=None, help=".safetensors, or a state_dict .pt/.pth")
+    e.add_argument("--input-shape", default=None, help="N,C,H,W (N,L for a text encoder); default from the model")
+    e.add_argument("--calib", default=None, help="calibration data: image folder or .npz")
+    e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y')")
+    e.add_argument("--out", default=None, help="output folder (default build/<model>-<target>)")
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. calibration.method=entropy")
+    e.add_argument("--layers", action="store_true", help="per-layer localisation of the INT8 error")
+    e.add_argument("--trust-pickle", action="store_true", help="allow a pickle checkpoint that runs code when loaded")
+    e.add_argument("--no-resume", action="store_true", help="run every stage even if an earlier run's artifacts match")
+    e.set_defaults(func=cmd_export)
+
+    t = sub.add_parser("targets", help=cmd_targets.__doc__, description=cmd_targets.__doc__)
+    t.set_defaults(func=cmd_targets)
+
+    r = sub.add_parser("parity", help=cmd_parity.__doc__, description=cmd_parity.__doc__)
+    r.add_argument("out_dir", nargs="?", default=None, help="a finished run's output folder")
+    r.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two ONNX files, or a model URI and an ONNX file")
+    r.add_argument("--parity-data", default=None, help="inputs for --compare (image folder or .npz)")
+    r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
+    r.add_argument("--out", default=None, help="where --compare writes its report")
+    r.add_argument("--target", default="orin", help="recipe whose tolerances apply")
+    r.set_defaults(func=cmd_parity)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import VitexportError
+
+    try:
+        return args.func(args)
+    except VitexportError as err:
+        print(f"vitexport: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("vitexport: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The ordered stages, each gated by parity against one golden reference.
+
+model source → freeze_layernorm → mask_to_where → fuse_qkv → export_onnx → simplify →
+quantize_int8 → build_engine (only where TensorRT and a GPU exist).
+
+Every artifact is written atomically. After each stage the run's state (stage → content key, artifact
+hashes, parity result) is saved, so a run that was killed resumes from the last finished stage: a
+stage whose key (a hash of everything it consumes) and artifacts are unchanged is not run again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from . import __version__
+from .calibration import SampleSet
+from .engines import OnnxRuntimeRunner, TorchRunner, tensorrt_available
+from .errors import ParityFailure
+from .io import atomic_path, atomic_write_json, sha256_file
+from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
+from .recipe import STAGE_NAMES, Recipe
+from .sources import LoadedModel
+
+__all__ = ["Artifacts", "run_pipeline", "PASS_STAGES", "STAGE_NAMES"]
+
+PASS_STAGES = ("freeze_layernorm", "mask_to_where", "fuse_qkv")
+STATE_FILE = ".vitexport-state.json"
+
+
+@dataclass
+class Artifacts:
+    """What a run produced: the output folder, its files by name, the parity run, and the verdict."""
+
+    out_dir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    parity: ParityRun | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    resumed: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.parity and self.parity.passed)
+
+
+def _hash(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, bytes):
+            h.update(p)
+        else:
+            h.update(json.dumps(p, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def _module_hash(module: torch.nn.Module, example_inputs: dict[str, torch.Tensor]) -> str:
+    """Content hash of a module: its state, its structure and its input shapes."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    h.update(repr(module).encode())
+    h.update(json.dumps({k: [list(v.shape), str(v.dtype)] for k, v in example_inputs.items()}).encode())
+    return h.hexdigest()[:24]
+
+
+def _unmasked(reference: GoldenReference) -> np.ndarray | None:
+    """Output positions that belong to real tokens (a text encoder's ``attention_mask == 1``)."""
+    out = reference.outputs.get("output")
+    masks = [np.concatenate([f[k] for f in reference.feeds]) for k in reference.feeds[0] if "mask" in k]
+    if out is None or not masks:
+        return None
+    m = masks[0].astype(bool)
+    if out.shape[: m.ndim] != m.shape:
+        return None
+    return np.broadcast_to(m.reshape(m.shape + (1,) * (out.ndim - m.ndim)), out.shape)
+
+
+class _State:
+    """The resume record: stage name → {key, artifacts {name: sha256}, result}."""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / STATE_FILE
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            self.data = {}
+
+    def lookup(self, stage: str, key: str, out_dir: Path) -> dict | None:
+        rec = self.data.get(stage)
+        if not rec or rec.get("key") != key:
+            return None
+        for name, sha in rec.get("artifacts", {}).items():
+            p = out_dir / name
+            if not p.is_file() or sha256_file(p) != sha:
+                return None
+        return rec
+
+    def record(self, stage: str, key: str, artifacts: dict[str, Path], result: dict) -> None:
+        self.data[stage] = {
+            "key": key,
+            "artifacts": {p.name: sha256_file(p) for p in artifacts.values()},
+            "result": result,
+        }
+        atomic_write_json(self.path, self.data)
+
+
+def run_pipeline(
+    model: LoadedModel,
+    recipe: Recipe,
+    out_dir: Path,
+    *,
+    calib: SampleSet,
+    parity_data: SampleSet,
+    data_note: str = "",
+    layers: bool = False,
+    resume: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> Artifacts:
+    """Run every enabled stage, gate each with parity, write reports and the manifest.
+
+    Args:
+        model: the loaded model (untouched; the passes work on copies).
+        recipe: the validated recipe.
+        out_dir: output folder (created).
+        calib: calibration samples.
+        parity_data: parity samples (labels optional), already cut to the export batch.
+        data_note: said in the report (e.g. "synthetic inputs: no data given").
+        layers: add per-layer localisation to the quantized stage.
+        resume: reuse finished stages whose content keys match.
+        log: receives one line per stage.
+    Returns:
+        :class:`Artifacts`; ``artifacts.passed`` is the verdict.
+    Raises:
+        ParityFailure: a stage missed its tolerance (reports are written first).
+        BadInput / ContractViolation: from the stages.
+    """
+    from .export import export_onnx, simplify_onnx
+    from .passes import get_pass
+    from .quantize import build_engine, quantize_int8, write_engine_script
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = _State(out_dir) if resume else _State.__new__(_State)
+    if not resume:
+        state.path, state.data = out_dir / STATE_FILE, {}
+    arts = Artifacts(out_dir)
+    batch = next(iter(model.example_inputs.values())).shape[0]
+
+    # The golden reference is captured once, first, from the untouched model: exporters and passes
+    # may change a module's state, and every stage is compared with this one set of outputs.
+    with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
+        reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels, source=parity_data.source)
+    ref_path = out_dir / "reference.npz"
+    reference.save(out_dir)
+    arts.files["reference.npz"] = ref_path
+    unmasked = _unmasked(reference)
+
+    run = ParityRun(model=model.uri, target=recipe.name, data=parity_data.source, stages=[], passed=True)
+    if data_note:
+        run.notes.append(data_note)
+    key = _hash(__version__, _module_hash(model.module, model.example_inputs), parity_data.fingerprint())
+
+    def finish(result: StageResult) -> None:
+        run.stages.append(result)
+        arts.stage_seconds[result.stage] = result.seconds
+        log(_stage_line(result))
+        if not result.passed:
+            run.passed = False
+            _write_outputs(arts, run, recipe, model)
+            check = result.first_failure
+            raise ParityFailure(result.stage, check.metric, check.value, check.limit, check.op)
+
+    def reuse(stage: str, stage_key: str) -> bool:
+        rec = state.lookup(stage, stage_key, out_dir) if resume else None
+        if rec is None:
+            return False
+        res = StageResult.from_dict(rec["result"])
+        res.notes = [*res.notes, "resumed: artifacts of an earlier run with the same content key"]
+        arts.resumed.append(stage)
+        for name in rec.get("artifacts", {}):
+            arts.files[name] = out_dir / name
+        finish(res)
+        return True
+
+    # --- torch passes ----------------------------------------------------------------------------
+    current = model.module
+    for stage in PASS_STAGES:
+        spec = getattr(recipe.stages, stage)
+        if not spec.enabled:
+            run.skipped.append(stage)
+            continue
+        t0 = time.perf_counter()
+        current, report = get_pass(stage)(current, model.example_inputs, spec)
+        seconds = time.perf_counter() - t0
+        with TorchRunner(current, model.example_inputs, name=stage) as runner:
+            res = check_stage(
+                stage, runner, reference, recipe.tolerance(stage), changed=report.changed, seconds=seconds,
+                notes=[report.summary(), *[f"skipped {s.site}: {s.reason}" for s in report.skipped], *report.notes],
+                unmasked=unmasked if stage == "mask_to_where" else None,
+            )
+        res.details["pass_report"] = report.to_dict()
+        finish(res)
+
+    # --- ONNX export and simplify -----------------------------------------------------------------
+    key = _hash(key, _module_hash(current, model.example_inputs), recipe.export.model_dump(mode="json"))
+    raw = out_dir / "model.raw.onnx"
+    if not reuse("export_onnx", key):
+        t0 = time.perf_counter()
+        exp = export_onnx(current, model.example_inputs, raw, recipe.export)
+        seconds = time.perf_counter() - t0
+        with OnnxRuntimeRunner(raw, name="export_onnx") as runner:
+            res = check_stage("export_onnx", runner, reference, recipe.tolerance("export_onnx"), seconds=seconds,
+                              notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes])
+        res.details["export"] = exp.to_dict()
+        res.artifacts["model.raw.onnx"] = str(raw)
+        state.record("export_onnx", key, {"raw": raw}, res.to_dict())
+        finish(res)
+    arts.files["model.raw.onnx"] = raw
+
+    key = _hash(key, sha256_file(raw), recipe.contract.model_dump(mode="json"), recipe.export.simplify)
+    fp32 = out_dir / "model.fp32.onnx"
+    if not reuse("simplify", key):
+        t0 = time.perf_counter()
+        simp = simplify_onnx(raw, fp32, recipe)
+        seconds = time.perf_counter() - t0
+        with OnnxRuntimeRunner(fp32, name="simplify") as runner:
+            res = check_stage("simplify", runner, reference, recipe.tolerance("simplify"), seconds=seconds, notes=simp.notes)
+        res.details["simplify"] = simp.to_dict()
+        res.artifacts["model.fp32.onnx"] = str(fp32)
+        state.record("simplify", key, {"fp32": fp32}, res.to_dict())
+        finish(res)
+    arts.files["model.fp32.onnx"] = fp32
+
+    # --- INT8 -------------------------------------------------------------------------------------
+    if recipe.stages.quantize_int8.enabled:
+        int8 = out_dir / "model.int8.onnx"
+        key = _hash(key, sha256_file(fp32), calib.fingerprint(), recipe.calibration.model_dump(mode="json"),
+                    recipe.quantization.model_dump(mode="json"), recipe.target.value, recipe.tolerance("quantize_int8").model_dump(mode="json"))
+        if not reuse("quantize_int8", key):
+            t0 = time.perf_counter()
+            q = quantize_int8(fp32, int8, calib, recipe, out_dir, parity_feeds=reference.feeds, reference=reference.outputs["output"])
+            seconds = time.perf_counter() - t0
+            with OnnxRuntimeRunner(int8, name="quantize_int8") as runner:
+                res = check_stage("quantize_int8", runner, reference, recipe.tolerance("quantize_int8"), seconds=seconds, notes=q.notes)
+            res.details["quantize"] = q.to_dict()
+            produced = {"int8": int8}
+            for extra in ("calibration.json", "calibration.cache"):
+                if (out_dir / extra).is_file():
+                    produced[extra] = out_dir / extra
+            if recipe.target.value == "orin":
+                produced["script"] = write_engine_script(int8, out_dir / "build_engine.sh", recipe)
+            if layers:
+                _add_layers(res, model, fp32, int8, reference, recipe)
+            for p in produced.values():
+                res.artifacts[p.name] = str(p)
+            state.record("quantize_int8", key, produced, res.to_dict())
+            finish(res)
+        for name in ("model.int8.onnx", "calibration.json", "calibration.cache", "build_engine.sh"):
+            if (out_dir / name).is_file():
+                arts.files[name] = out_dir / name
+    else:
+        run.skipped.append("quantize_int8")
+
+    # --- TensorRT ---------------------------------------------------------------------------------
+    if recipe.stages.build_engine.enabled and recipe.target.value == "orin" and "model.int8.onnx" in arts.files:
+        if tensorrt_available():  # pragma: no cover - needs TensorRT and a GPU
+            from .engines import TensorRTRunner
+
+            plan = out_dir / "model.int8.plan"
+            t0 = time.perf_counter()
+            build_engine(arts.files["model.int8.onnx"], plan)
+            seconds = time.perf_counter() - t0
+            with TensorRTRunner(plan, name="build_engine") as runner:
+                res = check_stage("build_engine", runner, reference, recipe.tolerance("build_engine"), seconds=seconds)
+            arts.files["model.int8.plan"] = plan
+            finish(res)
+        else:
+            run.notes.append("build_engine: TensorRT or a GPU is not available here; build_engine.sh holds the trtexec command")
+    _write_outputs(arts, run, recipe, model)
+    return arts
+
+
+def _add_layers(res: StageResult, model: LoadedModel, fp32: Path, int8: Path, reference: GoldenReference, recipe: Recipe) -> None:
+    from .parity import localize_layers
+
+    rep = localize_layers(model.module, reference.feeds, {"fp32": fp32, "int8": int8}, budget=recipe.tolerance("quantize_int8"))
+    res.layers = rep.layers
+    res.first_divergence = rep.first_divergence
+
+
+def _stage_line(res: StageResult) -> str:
+    m = res.metrics
+    verdict = "pass" if res.passed else "FAIL"
+    changed = f" changed={res.changed}" if res.changed is not None else ""
+    extra = f" top1={m.top1_agreement:.4f}" if m.top1_agreement is not None else ""
+    acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
+    return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} ({res.seconds:.2f}s)"
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxsim
+
+    return {
+        "vitexport": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnxsim": getattr(onnxsim, "__version__", "unknown"),
+        "numpy": np.__version__,
+    }
+
+
+def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: LoadedModel) -> None:
+    for name, path in write_reports(arts.out_dir, run).items():
+        arts.files[name] = Path(path)
+    arts.parity = run
+    manifest = {
+        "vitexport": __version__,
+        "model": model.uri,
+        "target": recipe.name,
+        "passed": run.passed,
+        "versions": _versions(),
+        "recipe": recipe.model_dump(mode="json"),
+        "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in model.example_inputs.items()},
+        "stages": {s.stage: {"seconds": round(s.seconds, 4), "passed": s.passed} for s in run.stages},
+        "skipped_stages": list(run.skipped),
+        "resumed_stages": list(arts.resumed),
+        "artifacts": {
+            name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for name, p in sorted(arts.files.items())
+            if p.is_file()
+        },
+    }
+    path = arts.out_dir / "manifest.json"
+    atomic_write_json(path, manifest)
+    arts.files["manifest.json"] = path
