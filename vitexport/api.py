@@ -150,14 +150,46 @@ def export(
 
 def render_parity(out_dir: str | Path) -> dict[str, Path]:
     """Re-render ``parity.md`` / ``parity.html`` of a finished run from its ``parity.json``."""
-    from .parity import render_run_dir
+    from .parity import render_reports
 
-    return render_run_dir(Path(out_dir))
+    return render_reports(Path(out_dir))
 
 
-def compare(a: str, b: str, parity_data: str | Path, *, layers: bool = False, out: str | Path | None = None, target: str = "orin", overrides: Sequence[str] = ()):
-    """Compare two models (ONNX files, or a model URI and an ONNX file) on the same inputs."""
+def compare(
+    a: str,
+    b: str,
+    parity_data: str | Path,
+    *,
+    layers: bool = False,
+    out: str | Path | None = None,
+    target: str = "orin",
+    stage: str = "simplify",
+    overrides: Sequence[str] = (),
+    weights: str | Path | None = None,
+    input_shape: str | None = None,
+    num_samples: int | None = None,
+):
+    """Compare two models (ONNX files, or a model URI and an ONNX file) on the same inputs.
+
+    Args:
+        a, b: ONNX paths, or a model URI (``a``) and an ONNX path (``b``).
+        parity_data: inputs (image folder or ``.npz``).
+        layers: per-layer comparison and ``first_divergence``.
+        out: where the report goes (none written when None).
+        target, stage: the recipe and stage whose tolerance applies (``quantize_int8`` for an INT8 B).
+        overrides: recipe overrides.
+        weights, input_shape: for a model URI.
+        num_samples: compare on at most this many samples.
+    Returns:
+        The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
+    """
     from .parity import compare_models
+    from .recipe import STAGE_NAMES
 
+    if stage not in STAGE_NAMES:
+        raise BadInput(f"--stage '{stage}': expected one of {', '.join(STAGE_NAMES)}")
     recipe = load_recipe(target, overrides)
-    return compare_models(a, b, parity_data, layers=layers, out_dir=Path(out) if out else None, tolerance=recipe.tolerance("simplify"))
+    return compare_models(
+        a, b, parity_data, layers=layers, out_dir=Path(out) if out else None, tolerance=recipe.tolerance(stage),
+        stage=stage, weights=weights, input_shape=input_shape, num_samples=num_samples,
+    )

@@ -68,15 +68,20 @@ def cmd_parity(args: argparse.Namespace) -> int:
     if args.compare:
         if not args.parity_data:
             raise BadInput("--compare needs --parity-data PATH")
-        result = api.compare(args.compare[0], args.compare[1], args.parity_data, layers=args.layers, out=args.out, target=args.target)
+        result = api.compare(
+            args.compare[0], args.compare[1], args.parity_data, layers=args.layers, out=args.out, target=args.target,
+            stage=args.stage, weights=args.weights, input_shape=args.input_shape, num_samples=args.num_samples,
+        )
         print(result.summary())
         return 0 if result.passed else 1
     if not args.out_dir:
         raise BadInput("parity: give OUT_DIR (a finished run) or --compare A B")
+    from .parity import load_run
+
     files = api.render_parity(args.out_dir)
     for path in files.values():
         print(path)
-    return 0
+    return 0 if load_run(args.out_dir).passed else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
     r.add_argument("--out", default=None, help="where --compare writes its report")
     r.add_argument("--target", default="orin", help="recipe whose tolerances apply")
+    r.add_argument("--stage", default="simplify", help="stage whose tolerance applies (quantize_int8 for an INT8 model)")
+    r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")
+    r.add_argument("--input-shape", default=None, help="N,C,H,W for a model URI given to --compare")
+    r.add_argument("--num-samples", type=int, default=None, help="compare on at most this many samples")
     r.set_defaults(func=cmd_parity)
     return p
 

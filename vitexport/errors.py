@@ -6,7 +6,7 @@ allowed to raise with a traceback.
 """
 from __future__ import annotations
 
-__all__ = ["VitexportError", "BadInput", "ContractViolation", "ParityFailure"]
+__all__ = ["VitexportError", "BadInput", "ContractViolation", "ParityFailure", "ArtifactWriteError"]
 
 
 class VitexportError(Exception):
@@ -38,3 +38,10 @@ class ParityFailure(VitexportError):
         super().__init__(
             f"parity gate failed at stage '{stage}': {metric}={value:.6g} (must be {op} {limit:.6g})"
         )
+
+
+class ArtifactWriteError(VitexportError):
+    """An artifact could not be written (disk full, file too large, permissions); the previous
+    version of the file, if any, is left intact (exit code 2)."""
+
+    exit_code = 2

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import ArtifactWriteError
+
 __all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file"]
 
 
@@ -22,8 +24,11 @@ def atomic_path(target: str | Path, suffix: str | None = None) -> Iterator[Path]
     On any exception the temporary file is removed and ``target`` is left as it was.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix or ".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix or ".tmp", dir=target.parent)
+    except OSError as exc:
+        raise ArtifactWriteError(f"cannot write {target}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -35,13 +40,16 @@ def atomic_path(target: str | Path, suffix: str | None = None) -> Iterator[Path]
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         # onnx may write external data beside the temp file; leave nothing behind
         for extra in tmp_path.parent.glob(tmp_path.name + ".*"):
             with contextlib.suppress(OSError):
                 extra.unlink()
+        if isinstance(exc, OSError):
+            # disk full (ENOSPC), file too large (EFBIG), read-only: the old artifact stays intact
+            raise ArtifactWriteError(f"cannot write {target}: {exc.strerror or exc}") from None
         raise
 
 

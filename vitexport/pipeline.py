@@ -87,12 +87,14 @@ def _unmasked(reference: GoldenReference) -> np.ndarray | None:
 class _State:
     """The resume record: stage name → {key, artifacts {name: sha256}, result}."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, load: bool = True):
         self.path = out_dir / STATE_FILE
-        try:
-            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        except (OSError, json.JSONDecodeError):
-            self.data = {}
+        self.data: dict = {}
+        if load and self.path.is_file():
+            try:
+                self.data = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError):
+                self.data = {}  # a damaged record only costs a full run
 
     def lookup(self, stage: str, key: str, out_dir: Path) -> dict | None:
         rec = self.data.get(stage)
@@ -148,16 +150,15 @@ def run_pipeline(
     from .quantize import build_engine, quantize_int8, write_engine_script
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = _State(out_dir) if resume else _State.__new__(_State)
-    if not resume:
-        state.path, state.data = out_dir / STATE_FILE, {}
+    state = _State(out_dir, load=resume)
     arts = Artifacts(out_dir)
     batch = next(iter(model.example_inputs.values())).shape[0]
 
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
-        reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels, source=parity_data.source)
+        reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
+                                      source=parity_data.source, layers=True if layers else None)
     ref_path = out_dir / "reference.npz"
     reference.save(out_dir)
     arts.files["reference.npz"] = ref_path
@@ -179,7 +180,7 @@ def run_pipeline(
             raise ParityFailure(result.stage, check.metric, check.value, check.limit, check.op)
 
     def reuse(stage: str, stage_key: str) -> bool:
-        rec = state.lookup(stage, stage_key, out_dir) if resume else None
+        rec = state.lookup(stage, stage_key, out_dir)
         if rec is None:
             return False
         res = StageResult.from_dict(rec["result"])
@@ -291,9 +292,9 @@ def run_pipeline(
 def _add_layers(res: StageResult, model: LoadedModel, fp32: Path, int8: Path, reference: GoldenReference, recipe: Recipe) -> None:
     from .parity import localize_layers
 
-    rep = localize_layers(model.module, reference.feeds, {"fp32": fp32, "int8": int8}, budget=recipe.tolerance("quantize_int8"))
-    res.layers = rep.layers
-    res.first_divergence = rep.first_divergence
+    rep = localize_layers(model.module, reference.feeds, {"fp32": fp32, "int8": int8},
+                          budget=recipe.tolerance("quantize_int8"), reference_layers=reference.layers)
+    res.attach_layers(rep)
 
 
 def _stage_line(res: StageResult) -> str:

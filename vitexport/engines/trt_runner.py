@@ -69,6 +69,8 @@ class TensorRTRunner(BaseRunner):  # pragma: no cover - needs TensorRT and a GPU
         for name, arr in feed.items():
             t = torch.from_numpy(np.ascontiguousarray(arr)).cuda()
             keep.append(t)
+            # engines built with a dynamic batch need the actual shape before outputs are sized
+            self._context.set_input_shape(name, tuple(arr.shape))
             self._context.set_tensor_address(name, t.data_ptr())
         outs = {}
         for name in self._io(trt.TensorIOMode.OUTPUT):

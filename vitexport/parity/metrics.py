@@ -13,7 +13,7 @@ import numpy as np
 
 from ..recipe import Tolerance
 
-__all__ = ["Metrics", "CompareResult", "compute_metrics", "compare"]
+__all__ = ["Metrics", "Check", "CompareResult", "compute_metrics", "compare", "error_histogram", "HISTOGRAM_EDGES"]
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -38,6 +38,22 @@ class Metrics:
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Metrics":
+        """Inverse of :meth:`to_dict` (unknown keys are ignored, so older/newer reports load)."""
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: (float(v) if v is not None else None) for k, v in data.items() if k in known}
+        if "nonfinite" in kw:
+            kw["nonfinite"] = int(kw["nonfinite"])
+        for k in ("max_abs", "mean_abs", "max_rel", "cosine_min", "cosine_mean", "snr_db"):
+            kw.setdefault(k, math.nan)
+        return cls(**kw)
+
+    @property
+    def rel_max_abs(self) -> float:
+        """``max_abs`` divided by the reference's largest magnitude."""
+        return self.max_abs / max(self.ref_scale, 1e-12)
 
 
 def compute_metrics(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None) -> Metrics:
@@ -101,6 +117,17 @@ class Check:
     op: str  # "<=" or ">="
     passed: bool
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": float(self.value), "limit": float(self.limit), "op": self.op,
+                "passed": bool(self.passed)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Check":
+        return cls(str(data["metric"]), float(data["value"]), float(data["limit"]), str(data["op"]), bool(data["passed"]))
+
+    def __str__(self) -> str:
+        return f"{self.metric}={self.value:.6g} (must be {self.op} {self.limit:.6g})"
+
 
 @dataclass
 class CompareResult:
@@ -119,6 +146,14 @@ class CompareResult:
 
     def tolerance_dict(self) -> dict[str, Any]:
         return self.tolerance.model_dump(exclude_none=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": bool(self),
+            "metrics": self.metrics.to_dict(),
+            "tolerance": self.tolerance_dict(),
+            "checks": [c.to_dict() for c in self.checks],
+        }
 
 
 def compare(
@@ -160,3 +195,35 @@ def compare(
         limit = (tolerance.max_abs or 0.0) * (max(m.ref_scale, 1e-12) if tolerance.relative else 1.0)
         checks.append(Check("max_abs_unmasked", worst, limit, "<=", worst <= limit))
     return CompareResult(m, tolerance, checks)
+
+
+# log10 of |out - ref| / ref_scale: from 1e-12 (float32 noise is ~1e-7) to 100x the reference scale
+HISTOGRAM_EDGES: tuple[float, ...] = tuple(float(x) for x in np.arange(-12.0, 2.01, 0.5))
+
+
+def error_histogram(ref: np.ndarray, out: np.ndarray, ref_scale: float | None = None) -> dict[str, Any]:
+    """Histogram of the relative error ``|out - ref| / ref_scale`` on a log10 scale.
+
+    Returns plain data (it is stored in ``parity.json`` so reports re-render without the arrays):
+    ``edges`` (log10 bin edges), ``counts``, ``zeros`` (exactly equal elements), ``nonfinite`` and
+    ``below``/``above`` (outside the edges).
+    """
+    ref = np.asarray(ref, dtype=np.float64)
+    out = np.asarray(out, dtype=np.float64)
+    scale = float(np.abs(ref).max()) if ref_scale is None and ref.size else float(ref_scale or 1.0)
+    finite = np.isfinite(out)
+    d = np.abs(out[finite] - ref[finite]) / max(scale, 1e-12)
+    zeros = int((d == 0).sum())
+    d = d[d > 0]
+    logs = np.log10(d)
+    edges = np.asarray(HISTOGRAM_EDGES)
+    counts, _ = np.histogram(logs, bins=edges)
+    return {
+        "edges": [float(e) for e in edges],
+        "counts": [int(c) for c in counts],
+        "zeros": zeros,
+        "nonfinite": int((~finite).sum()),
+        "below": int((logs < edges[0]).sum()),
+        "above": int((logs > edges[-1]).sum()),
+        "scale": scale,
+    }

@@ -1,0 +1,150 @@
+"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from vitexport.engines import (
+    BaseRunner,
+    OnnxReferenceRunner,
+    OnnxRuntimeRunner,
+    TensorRTRunner,
+    TorchRunner,
+    primary_output,
+    tensorrt_available,
+)
+from vitexport.errors import BadInput
+
+
+class _Net(nn.Module):
+    """Two inputs (float image, int token ids), LayerNorm, attention-like matmul, a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Conv2d(3, 16, 4, 4)
+        self.tok = nn.Embedding(20, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x, ids):
+        t = self.embed(x).flatten(2).transpose(1, 2) + self.tok(ids)
+        h = self.norm(t)
+        a = (h @ h.transpose(1, 2) / 4).softmax(-1) @ h
+        return self.head((t + a).mean(1))
+
+
+@pytest.fixture(scope="module")
+def net_and_onnx(tmp_path_factory):
+    net = _Net().eval()
+    ex = {"x": torch.randn(2, 3, 8, 8), "ids": torch.randint(0, 20, (2, 4))}
+    path = tmp_path_factory.mktemp("engines") / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, tuple(ex.values()), str(path), input_names=list(ex), output_names=["logits"],
+                          dynamo=False, opset_version=17)
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32),
+            "ids": np.random.default_rng(1).integers(0, 20, (2, 4)).astype(np.int64)}
+    return net, ex, path, feed
+
+
+def test_three_engines_agree(net_and_onnx):
+    net, ex, path, feed = net_and_onnx
+    outs = {}
+    for runner in (TorchRunner(net, ex), OnnxRuntimeRunner(path), OnnxReferenceRunner(path)):
+        with runner:
+            assert runner.is_active
+            outs[runner.engine] = runner.infer(feed)
+        assert not runner.is_active
+    assert set(outs) == {"torch", "onnxruntime", "onnx-reference"}
+    for name, out in outs.items():
+        assert list(out) == ["output"] and out["output"].shape == (2, 5), name
+        np.testing.assert_allclose(out["output"], outs["torch"]["output"], rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_are_checked_in_the_base_class(net_and_onnx):
+    _, _, path, feed = net_and_onnx
+    with OnnxRuntimeRunner(path) as r:
+        with pytest.raises(BadInput, match=r"missing \['ids'\]"):
+            r.infer({"x": feed["x"]})
+        with pytest.raises(BadInput, match=r"unexpected \['y'\]"):
+            r.infer({**feed, "y": feed["x"]})
+        with pytest.raises(BadInput, match="has shape"):
+            r.infer({**feed, "x": feed["x"][:, :, :4]})
+        with pytest.raises(BadInput, match="has shape"):
+            r.infer({**feed, "x": feed["x"][:1]})  # a static batch of 2
+        out64 = r.infer({**feed, "x": feed["x"].astype(np.float64), "ids": feed["ids"].astype(np.int32)})
+        np.testing.assert_array_equal(out64["output"], r.infer(feed)["output"])  # dtypes cast to the model's
+
+
+def test_torch_runner_batch_is_dynamic(net_and_onnx):
+    net, ex, _, feed = net_and_onnx
+    with TorchRunner(net, ex) as r:
+        assert [s.shape for s in r.input_specs()] == [(-1, 3, 8, 8), (-1, 4)]
+        both = r.infer_batches([{k: v[:1] for k, v in feed.items()}, {k: v[1:] for k, v in feed.items()}])
+        np.testing.assert_allclose(both["output"], r.infer(feed)["output"], rtol=1e-5, atol=1e-6)
+
+
+def test_infer_before_activate_is_a_bug():
+    r = OnnxReferenceRunner("unused.onnx")
+    with pytest.raises(RuntimeError, match="before activate"):
+        r.infer({})
+
+
+def test_ort_named_outputs(net_and_onnx):
+    _, _, path, feed = net_and_onnx
+    import onnx
+
+    inner = next(n.output[0] for n in onnx.load(str(path)).graph.node if n.op_type == "LayerNormalization")
+    from vitexport.parity.onnx_graph import with_outputs
+
+    model = with_outputs(onnx.load(str(path)), [inner])
+    with OnnxRuntimeRunner(model.SerializeToString(), output_names=["logits", inner]) as r:
+        out = r.infer(feed)
+    assert list(out) == ["logits", inner] and out[inner].shape == (2, 4, 16)
+    with OnnxRuntimeRunner(model.SerializeToString()) as r:  # several graph outputs keep their names
+        assert set(r.infer(feed)) == {"logits", inner}
+
+
+def test_primary_output_shapes():
+    t = torch.ones(1, 2)
+    assert primary_output(t) is t
+    assert primary_output({"logits": t, "aux": torch.zeros(1)}) is t
+    assert primary_output((t, torch.zeros(1))) is t
+    with pytest.raises(TypeError):
+        primary_output({"a": 1})
+
+
+def test_tensorrt_is_imported_lazily():
+    """Neither TensorRT nor matplotlib (report plots) is imported with the package, and importing
+    configures no logging."""
+    code = ("import logging, sys, vitexport.engines, vitexport.parity; "
+            "print('tensorrt' in sys.modules, 'matplotlib' in sys.modules, bool(logging.getLogger().handlers))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False False False"
+    assert isinstance(tensorrt_available(), bool)
+    assert issubclass(TensorRTRunner, BaseRunner) and TensorRTRunner.engine == "tensorrt"
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not tensorrt_available(), reason="needs the tensorrt package and an NVIDIA GPU")
+def test_tensorrt_runner_matches_onnxruntime(net_and_onnx, tmp_path):  # pragma: no cover - GPU only
+    import tensorrt as trt
+
+    _, _, path, feed = net_and_onnx
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    assert parser.parse(path.read_bytes())
+    plan = builder.build_serialized_network(network, builder.create_builder_config())
+    (tmp_path / "net.plan").write_bytes(bytes(plan))
+    with TensorRTRunner(tmp_path / "net.plan") as r, OnnxRuntimeRunner(path) as o:
+        np.testing.assert_allclose(r.infer(feed)["output"], o.infer(feed)["output"], rtol=1e-3, atol=1e-3)

@@ -1,0 +1,97 @@
+"""The CLI end to end on the bundled demo: exit codes, the files a run writes, parity.json's schema."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
+ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
+
+
+def test_targets_lists_every_recipe():
+    proc = run_cli("targets")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("orin", "orin-jp5", "npu", "cpu"):
+        assert name in proc.stdout
+
+
+def test_demo_export_passes_and_writes_every_file(demo_run):
+    out, proc = demo_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in REQUIRED + ["calibration.json", "calibration.cache", "build_engine.sh"]:
+        assert (out / name).is_file(), name
+    assert "accuracy on" in proc.stdout and "INT8 ONNX" in proc.stdout
+
+
+def test_parity_json_schema(demo_run):
+    out, _ = demo_run
+    doc = json.loads((out / "parity.json").read_text())
+    assert doc["passed"] is True
+    names = [s["stage"] for s in doc["stages"]]
+    assert names == [n for n in ORDER if n in names]
+    assert names[:6] == ORDER[:6]
+    for s in doc["stages"]:
+        assert s["engine"] in {"torch", "onnxruntime", "tensorrt"}
+        assert isinstance(s["reference"], str) and s["reference"]
+        assert isinstance(s["passed"], bool) and s["passed"]
+        assert isinstance(s["tolerance"], dict)
+        for key in ("max_abs", "mean_abs", "cosine_min", "cosine_mean", "top1_agreement", "accuracy"):
+            assert isinstance(s["metrics"][key], float), (s["stage"], key)
+        for key in ("top1_agreement", "accuracy"):
+            assert 0.0 <= s["metrics"][key] <= 1.0
+        if s["stage"] in ORDER[:3]:
+            assert isinstance(s["changed"], int)
+    by = {s["stage"]: s for s in doc["stages"]}
+    # the demo has 4 blocks: 9 LayerNorms, 4 masked attentions, 4 q/k/v triples; every pass must act
+    assert by["freeze_layernorm"]["changed"] == 9
+    assert by["mask_to_where"]["changed"] == 4
+    assert by["fuse_qkv"]["changed"] == 4
+    assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.02
+
+
+def test_manifest_has_versions_recipe_hashes_and_times(demo_run):
+    out, _ = demo_run
+    man = json.loads((out / "manifest.json").read_text())
+    assert {"torch", "onnx", "onnxruntime", "onnxsim"} <= set(man["versions"])
+    assert man["recipe"]["target"] == "orin" and man["recipe"]["calibration"]["method"]
+    for name in ("model.fp32.onnx", "model.int8.onnx", "parity.json"):
+        assert len(man["artifacts"][name]["sha256"]) == 64
+    assert all(v["seconds"] >= 0 for v in man["stages"].values())
+    assert set(ORDER[:6]) <= set(man["stages"])
+
+
+def test_no_temp_files_left(demo_run):
+    out, _ = demo_run
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".vitexport-state.json"]
+
+
+def test_parity_gate_failure_exits_1_naming_stage_and_metric(tmp_path):
+    proc = run_cli("export", "--out", str(tmp_path / "o"), "--set", "parity.quantize_int8.cosine_min=0.99999999")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "quantize_int8" in err[0] and "cosine_min" in err[0]
+    doc = json.loads((tmp_path / "o" / "parity.json").read_text())
+    assert doc["passed"] is False and doc["stages"][-1]["stage"] == "quantize_int8"
+
+
+@pytest.mark.parametrize("target", ["npu", "cpu", "orin-jp5"])
+def test_other_targets_export_the_demo(tmp_path, target):
+    proc = run_cli("export", "--target", target, "--out", str(tmp_path / target))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / target / "parity.json").read_text())
+    assert doc["passed"] and [s["stage"] for s in doc["stages"]][:6] == ORDER[:6]
+
+
+def test_rerender_parity_report(demo_run, tmp_path):
+    import shutil
+
+    out, _ = demo_run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(out / "parity.json", copy / "parity.json")
+    proc = run_cli("parity", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "parity.md").is_file() and "quantize_int8" in (copy / "parity.md").read_text()

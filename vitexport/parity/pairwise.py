@@ -1,0 +1,182 @@
+"""``vitexport parity --compare A B``: two models, the same inputs, one verdict.
+
+``A`` is the reference: an ONNX file or a model URI (``timm:``, ``python:``...); ``B`` is the
+candidate: an ONNX file (or a TensorRT plan where TensorRT is available, or another URI). With
+``layers=True`` the report also names the first block where B leaves the budget.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engines.base import BaseRunner
+from ..errors import BadInput
+from ..recipe import Tolerance
+from .layers import LayerReport, localize_layers, localize_onnx
+from .reference import capture_reference
+from .stage import ParityRun, check_stage
+
+__all__ = ["compare_models", "COMPARE_STAGE", "DEFAULT_COMPARE_TOLERANCE"]
+
+COMPARE_STAGE = "compare"
+# Two FP32 exports of one model agree to float32 round-off; the CLI passes a recipe stage's
+# tolerance instead when B is quantized.
+DEFAULT_COMPARE_TOLERANCE = Tolerance(max_abs=1e-4)
+_ONNX_SUFFIXES = (".onnx",)
+_PLAN_SUFFIXES = (".plan", ".engine", ".trt")
+
+
+@dataclass
+class _Side:
+    spec: str
+    runner: BaseRunner
+    example: dict[str, np.ndarray]
+    static_batch: int | None
+    kind: str  # "onnx" | "torch" | "tensorrt"
+    module: Any = None
+
+
+def _is_uri(spec: str) -> bool:
+    from ..sources import SCHEMES
+
+    scheme, sep, rest = spec.partition(":")
+    return bool(sep and rest) and scheme in SCHEMES
+
+
+def _open(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
+    from ..engines import OnnxRuntimeRunner, TensorRTRunner, TorchRunner, tensorrt_available
+
+    p = Path(spec)
+    if p.suffix.lower() in _ONNX_SUFFIXES:
+        if not p.is_file():
+            raise BadInput(f"ONNX file not found: {p}")
+        runner = OnnxRuntimeRunner(p, name=p.name)
+        try:
+            runner.activate()
+        except Exception as exc:  # onnxruntime raises its own types for unreadable models
+            raise BadInput(f"{p}: not a loadable ONNX model ({str(exc).splitlines()[0][:160]})") from None
+        specs = runner.input_specs()
+        static = {s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
+        example = {s.name: np.zeros(tuple(d if d > 0 else 1 for d in s.shape), dtype=s.dtype) for s in specs}
+        return _Side(spec, runner, example, next(iter(static)) if len(static) == 1 else None, "onnx")
+    if p.suffix.lower() in _PLAN_SUFFIXES:
+        if not tensorrt_available():
+            raise BadInput(f"{p}: comparing a TensorRT engine needs the tensorrt package and a GPU")
+        runner = TensorRTRunner(p, name=p.name)  # pragma: no cover - needs TensorRT
+        runner.activate()  # pragma: no cover
+        specs = runner.input_specs()  # pragma: no cover
+        example = {s.name: np.zeros(tuple(max(d, 1) for d in s.shape), dtype=s.dtype) for s in specs}  # pragma: no cover
+        return _Side(spec, runner, example, specs[0].shape[0] if specs else None, "tensorrt")  # pragma: no cover
+    if _is_uri(spec):
+        from ..sources import load_model
+
+        loaded = load_model(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
+        example = {k: v.detach().cpu().numpy() for k, v in loaded.example_inputs.items()}
+        runner = TorchRunner(loaded.module, loaded.example_inputs, name=spec)
+        runner.activate()
+        return _Side(spec, runner, example, None, "torch", loaded.module)
+    raise BadInput(f"'{spec}': expected an .onnx file, a TensorRT plan or a model URI (timm:, torchvision:, hf:, python:)")
+
+
+def _batches(samples, batch: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray | None, int]:
+    """Batches of exactly ``batch`` samples; the last is padded by repeating samples (a static
+    batch cannot take fewer). Returns (batches, labels aligned with them, padded count)."""
+    feeds = list(samples.batches(batch))
+    full = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+    n = next(iter(full.values())).shape[0]
+    total = -(-n // batch) * batch
+    idx = np.arange(total) % n
+    full = {k: v[idx] for k, v in full.items()}
+    labels = samples.labels[idx] if samples.labels is not None else None
+    out = [{k: v[i : i + batch] for k, v in full.items()} for i in range(0, total, batch)]
+    return out, labels, total - n
+
+
+def compare_models(
+    a: str,
+    b: str,
+    data_path: str | Path,
+    *,
+    layers: bool = False,
+    out_dir: str | Path | None = None,
+    tolerance: Tolerance | None = None,
+    weights: str | Path | None = None,
+    input_shape: str | None = None,
+    batch_size: int = 8,
+    num_samples: int | None = None,
+    stage: str = COMPARE_STAGE,
+) -> ParityRun:
+    """Compare model ``b`` with model ``a`` on the samples in ``data_path``.
+
+    Args:
+        a: the reference: an ONNX path or a model URI (loaded with ``sources.load_model``).
+        b: the candidate: an ONNX path (a TensorRT plan or a URI also work).
+        data_path: parity data (``.npz`` with one array per input and optional ``y`` labels, or
+            an image folder), read with ``calibration.load_samples``.
+        layers: add per-layer localisation (the first block where ``b`` leaves the budget).
+        out_dir: write ``parity.json`` / ``.md`` / ``.html`` there (nothing is written when None).
+        tolerance: the gate (default: ``max_abs`` 1e-4 relative, two FP32 models).
+        weights, input_shape: for a model URI, as in ``sources.load_model``.
+        batch_size: batch for models with a dynamic batch (a static batch is used as is).
+        num_samples: use at most this many samples (seeded choice).
+        stage: the stage name in the report.
+    Returns:
+        A :class:`ParityRun` with one stage; ``run.passed`` is false when ``b`` differs beyond
+        tolerance (the CLI exits 1).
+    Raises:
+        BadInput: unreadable models, mismatching inputs, bad data.
+    """
+    from ..calibration import load_samples
+
+    tolerance = tolerance or DEFAULT_COMPARE_TOLERANCE
+    t0 = time.perf_counter()
+    side_a = _open(a, weights=weights, input_shape=input_shape, batch_size=batch_size)
+    side_b = _open(b, weights=weights, input_shape=input_shape, batch_size=batch_size)
+    try:
+        if set(side_a.example) != set(side_b.example):
+            raise BadInput(f"the models' inputs differ: {a} has {sorted(side_a.example)}, {b} has {sorted(side_b.example)}")
+        statics = {s for s in (side_a.static_batch, side_b.static_batch) if s}
+        if len(statics) > 1:
+            raise BadInput(f"the models have different static batch sizes {sorted(statics)}")
+        batch = next(iter(statics)) if statics else batch_size
+        samples = load_samples(data_path, side_a.example, num_samples=num_samples)
+        feeds, labels, padded = _batches(samples, batch)
+        reference = capture_reference(side_a.runner, feeds, labels, source=str(data_path))
+        reference.meta["label"] = a
+        notes = [f"reference: {a}", f"candidate: {b}", f"{samples.__len__()} sample(s) from {data_path}, batch {batch}"]
+        if padded:
+            notes.append(f"last batch padded with {padded} repeated sample(s) (static batch {batch})")
+        result = check_stage(stage, side_b.runner, reference, tolerance, notes=notes,
+                             artifacts={"reference": a, "candidate": b})
+        if layers:
+            report = _layers(side_a, side_b, reference.feeds, tolerance)
+            if report is not None:
+                result.attach_layers(report)
+            else:
+                result.notes.append("per-layer localisation needs B to be an ONNX file and A an ONNX file or a torch model")
+        result.seconds = time.perf_counter() - t0
+    finally:
+        side_a.runner.deactivate()
+        side_b.runner.deactivate()
+    run = ParityRun(model=a, target="", data=str(data_path), stages=[result], reference=a,
+                    extra={"compare": {"a": a, "b": b}})
+    run.passed = result.passed
+    if out_dir is not None:
+        from .report import write_reports
+
+        write_reports(Path(out_dir), run)
+    return run
+
+
+def _layers(side_a: _Side, side_b: _Side, feeds, tolerance: Tolerance) -> LayerReport | None:
+    if side_b.kind == "onnx" and side_a.kind == "onnx":
+        return localize_onnx(side_a.spec, side_b.spec, feeds, tolerance=tolerance)
+    if side_b.kind == "onnx" and side_a.kind == "torch":
+        return localize_layers(side_a.module, feeds, side_b.spec, tolerance=tolerance)
+    if side_b.kind == "torch" and side_a.kind == "torch":
+        return localize_layers(side_a.module, feeds, side_b.module, tolerance=tolerance)
+    return None
