@@ -1,29 +1,14 @@
 """Shared fixtures: tiny random-weight models and the bundled demo. No network, CPU only."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from cli_helpers import run_cli
 
-# Two cores on CI: keep torch from oversubscribing when pytest runs things in sequence.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m vitexport ARGS`` as a user would; returns the completed process."""
-    return subprocess.run(
-        [sys.executable, "-m", "vitexport", *args],
-        cwd=cwd or ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+# Test models are tiny: one intra-op thread is as fast, and on a loaded 2-core machine two threads
+# spinning against each other made a tiny forward ~50x slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

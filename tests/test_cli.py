@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from cli_helpers import run_cli
 
 REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
 ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]

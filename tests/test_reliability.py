@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_cli
+from cli_helpers import ROOT, run_cli
 from vitexport.io import sha256_file
 
 

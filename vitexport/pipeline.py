@@ -205,7 +205,7 @@ def run_pipeline(
             res = check_stage(
                 stage, runner, reference, recipe.tolerance(stage), changed=report.changed, seconds=seconds,
                 notes=[report.summary(), *[f"skipped {s.site}: {s.reason}" for s in report.skipped], *report.notes],
-                unmasked=unmasked if stage == "mask_to_where" else None,
+                unmasked=unmasked,
             )
         res.details["pass_report"] = report.to_dict()
         finish(res)
@@ -218,7 +218,7 @@ def run_pipeline(
         exp = export_onnx(current, model.example_inputs, raw, recipe.export)
         seconds = time.perf_counter() - t0
         with OnnxRuntimeRunner(raw, name="export_onnx") as runner:
-            res = check_stage("export_onnx", runner, reference, recipe.tolerance("export_onnx"), seconds=seconds,
+            res = check_stage("export_onnx", runner, reference, recipe.tolerance("export_onnx"), seconds=seconds, unmasked=unmasked,
                               notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes])
         res.details["export"] = exp.to_dict()
         res.artifacts["model.raw.onnx"] = str(raw)
@@ -233,7 +233,7 @@ def run_pipeline(
         simp = simplify_onnx(raw, fp32, recipe)
         seconds = time.perf_counter() - t0
         with OnnxRuntimeRunner(fp32, name="simplify") as runner:
-            res = check_stage("simplify", runner, reference, recipe.tolerance("simplify"), seconds=seconds, notes=simp.notes)
+            res = check_stage("simplify", runner, reference, recipe.tolerance("simplify"), seconds=seconds, unmasked=unmasked, notes=simp.notes)
         res.details["simplify"] = simp.to_dict()
         res.artifacts["model.fp32.onnx"] = str(fp32)
         state.record("simplify", key, {"fp32": fp32}, res.to_dict())
@@ -250,7 +250,7 @@ def run_pipeline(
             q = quantize_int8(fp32, int8, calib, recipe, out_dir, parity_feeds=reference.feeds, reference=reference.outputs["output"])
             seconds = time.perf_counter() - t0
             with OnnxRuntimeRunner(int8, name="quantize_int8") as runner:
-                res = check_stage("quantize_int8", runner, reference, recipe.tolerance("quantize_int8"), seconds=seconds, notes=q.notes)
+                res = check_stage("quantize_int8", runner, reference, recipe.tolerance("quantize_int8"), seconds=seconds, unmasked=unmasked, notes=q.notes)
             res.details["quantize"] = q.to_dict()
             produced = {"int8": int8}
             for extra in ("calibration.json", "calibration.cache"):
@@ -280,7 +280,7 @@ def run_pipeline(
             build_engine(arts.files["model.int8.onnx"], plan)
             seconds = time.perf_counter() - t0
             with TensorRTRunner(plan, name="build_engine") as runner:
-                res = check_stage("build_engine", runner, reference, recipe.tolerance("build_engine"), seconds=seconds)
+                res = check_stage("build_engine", runner, reference, recipe.tolerance("build_engine"), seconds=seconds, unmasked=unmasked)
             arts.files["model.int8.plan"] = plan
             finish(res)
         else:

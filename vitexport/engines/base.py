@@ -91,10 +91,14 @@ class BaseRunner:
             checked[name] = arr
         return self.infer_impl(checked)
 
+    def infer_many(self, feeds) -> list[dict[str, np.ndarray]]:
+        """Run several batches; one output dict per batch. Subclasses may group batches for speed."""
+        return [self.infer(feed) for feed in feeds]
+
     def infer_batches(self, feeds) -> dict[str, np.ndarray]:
         """Run several batches and concatenate each output along axis 0."""
         outs: dict[str, list[np.ndarray]] = {}
-        for feed in feeds:
-            for k, v in self.infer(feed).items():
+        for out in self.infer_many(list(feeds)):
+            for k, v in out.items():
                 outs.setdefault(k, []).append(v)
         return {k: np.concatenate(v, axis=0) for k, v in outs.items()}

@@ -44,6 +44,8 @@ class TorchRunner(BaseRunner):
         self.module = module
         self.example_inputs = example_inputs
         self._output_name = "output"
+        self.batch_agnostic = True
+        self.group = 64
 
     def activate_impl(self) -> None:
         self.module.eval()
@@ -53,6 +55,33 @@ class TorchRunner(BaseRunner):
             InputSpec(k, tuple(-1 if i == 0 else d for i, d in enumerate(v.shape)), np.dtype(str(v.dtype).replace("torch.", "")))
             for k, v in self.example_inputs.items()
         ]
+
+    def infer_many(self, feeds) -> list[dict[str, np.ndarray]]:
+        """Group small batches into chunks of up to ``group`` samples: a fixed-batch ONNX needs
+        batch-1 feeds, but eager torch pays its per-call overhead per batch (400 batch-1 calls of a
+        tiny ViT cost seconds). A model that rejects the larger batch is run feed by feed."""
+        feeds = list(feeds)
+        if len(feeds) < 2 or not self.batch_agnostic:
+            return super().infer_many(feeds)
+        sizes = [len(next(iter(f.values()))) for f in feeds]
+        out: list[dict[str, np.ndarray]] = []
+        i = 0
+        try:
+            while i < len(feeds):
+                j, n = i, 0
+                while j < len(feeds) and (n == 0 or n + sizes[j] <= self.group):
+                    n += sizes[j]
+                    j += 1
+                merged = {k: np.concatenate([f[k] for f in feeds[i:j]]) for k in feeds[i]}
+                res = self.infer(merged)
+                splits = np.cumsum(sizes[i:j])[:-1]
+                parts = {k: np.split(v, splits) for k, v in res.items()}
+                out.extend({k: parts[k][m] for k in parts} for m in range(j - i))
+                i = j
+        except (RuntimeError, ValueError, IndexError):
+            self.batch_agnostic = False
+            return super().infer_many(feeds)
+        return out
 
     def infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with torch.no_grad():

@@ -169,9 +169,16 @@ def compare(
         ref, out: reference and candidate outputs, samples along axis 0.
         tolerance: the stage's contract from the recipe.
         labels: optional integer labels (accuracy, accuracy drop).
-        unmasked: optional boolean array of ``ref``'s shape marking positions that must match exactly
-            when ``tolerance.exact_unmasked`` (the ``mask_to_where`` contract).
+        unmasked: optional boolean array of ``ref``'s shape marking the positions of real tokens
+            (a text encoder's ``attention_mask == 1``). Padded positions carry no meaning: a fully
+            masked row legitimately changes when a mask becomes ``where`` (uniform instead of NaN
+            or zeros), so every metric is computed on real positions only, and with
+            ``tolerance.exact_unmasked`` they must match within ``max_abs``.
     """
+    if unmasked is not None:
+        keep = np.broadcast_to(np.asarray(unmasked, bool), np.shape(ref))
+        ref = np.where(keep, ref, 0.0)
+        out = np.where(keep, out, 0.0)
     m = compute_metrics(ref, out, labels)
     checks: list[Check] = []
     if m.nonfinite:

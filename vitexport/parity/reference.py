@@ -156,8 +156,8 @@ def capture_reference(
     runner.activate()
     try:
         outs: dict[str, list[np.ndarray]] = {}
-        for feed in feeds:
-            for k, v in runner.infer(feed).items():
+        for out in runner.infer_many(feeds):
+            for k, v in out.items():
                 outs.setdefault(k, []).append(np.asarray(v))
     finally:
         if not was_active:

@@ -304,7 +304,7 @@ def _run(runner: BaseRunner, feeds: Iterable[Mapping[str, np.ndarray]]) -> tuple
     was_active = runner.is_active
     runner.activate()
     try:
-        per_batch = [np.asarray(_primary(runner.infer(feed))) for feed in feeds]
+        per_batch = [np.asarray(_primary(out)) for out in runner.infer_many(list(feeds))]
     finally:
         if not was_active:
             runner.deactivate()

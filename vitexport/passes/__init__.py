@@ -1,1 +1,112 @@
-"""passes."""
+"""Graph passes: ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv`` (one file each).
+
+Each pass is ``pass(model, example_inputs, spec=None, *, inplace=False) -> (model, PassReport)``;
+importing this package registers them in :data:`PASSES`. A pass copies the model unless
+``inplace=True``, and its report counts the sites it found, changed and skipped (with reasons).
+
+Attention is recognised by per-family adapters (:mod:`vitexport.passes.attention`): timm ``Attention``
+and Swin ``WindowAttention``, Hugging Face ViT / DeiT / BERT self-attention (eager and sdpa),
+``torch.nn.MultiheadAttention`` (torchvision ``EncoderBlock``). A module no adapter knows is traced
+with ``torch.fx`` and recognised by its pattern (q/k/v Linears sharing an input, a logits matmul or
+einsum, an add of a mask or a ``masked_fill`` before softmax, or ``scaled_dot_product_attention``).
+
+Registering an adapter for your own attention class
+----------------------------------------------------
+Needed only when your module cannot be traced (data-dependent Python control flow, ``*args``,
+``torch.finfo(x.dtype)`` on a traced value ...). Subclass :class:`AttentionAdapter`, match your class
+exactly, and rewrite the *instance* you are given (it belongs to the pass's copy of the model)::
+
+    from vitexport.passes import (AttentionAdapter, QKVLayout, bind_call, fuse_linears,
+                                  install_forward, project_qkv, register_attention_adapter,
+                                  where_logits)
+
+    def my_forward(self, x, mask=None):
+        q, k, v = project_qkv(self, x, ("q", "k", "v"))        # fused or not
+        logits = (q @ k.transpose(-2, -1)) * self.scale
+        if getattr(self, "vitexport_where", False):
+            logits = where_logits(logits, mask)               # torch.where(keep, logits, finfo.min)
+        elif mask is not None:
+            logits = logits + mask                            # the original semantics
+        return self.proj(logits.softmax(-1) @ v)
+
+    @register_attention_adapter
+    class MyAttentionAdapter(AttentionAdapter):
+        name = "my_attention"
+
+        def matches(self, module):
+            return type(module) is MyAttention
+
+        def qkv_layout(self, module):
+            if hasattr(module, "vitexport_qkv_split"):
+                return QKVLayout.fused("fused by vitexport")
+            return QKVLayout.separate("q", "k", "v")
+
+        def mask_of(self, module, args, kwargs):
+            return bind_call(module.forward, args, kwargs).get("mask")
+
+        def to_where(self, module, *, mask_bias=False):
+            module.vitexport_where = True
+            install_forward(module, my_forward)
+            return module
+
+        def fuse_qkv(self, module):
+            fuse_linears(module, ("q", "k", "v"))
+            install_forward(module, my_forward)
+            return module
+
+Registration refuses a name twice; user adapters (priority 100) are matched before the built-in ones
+(priority 0). ``unregister_attention_adapter(name)`` removes one.
+"""
+from __future__ import annotations
+
+from .attention import (
+    ATTENTION_ADAPTERS,
+    MASKED_AT_OR_BELOW,
+    AttentionAdapter,
+    AttentionSite,
+    QKVLayout,
+    SiteUnsupported,
+    bind_call,
+    find_attention_sites,
+    fuse_linears,
+    install_forward,
+    masked_value,
+    project_qkv,
+    register_attention_adapter,
+    unregister_attention_adapter,
+    where_logits,
+)
+from .base import PASSES, ChangedSite, GraphPass, PassReport, SkippedSite, get_pass, maybe_copy, register_pass
+from .freeze_layernorm import LayerNormConstants, freeze_layernorm
+from .fuse_qkv import fuse_qkv
+from .mask_to_where import mask_to_where
+
+__all__ = [
+    "PASSES",
+    "GraphPass",
+    "PassReport",
+    "SkippedSite",
+    "ChangedSite",
+    "get_pass",
+    "register_pass",
+    "maybe_copy",
+    "freeze_layernorm",
+    "mask_to_where",
+    "fuse_qkv",
+    "LayerNormConstants",
+    "ATTENTION_ADAPTERS",
+    "AttentionAdapter",
+    "AttentionSite",
+    "QKVLayout",
+    "SiteUnsupported",
+    "MASKED_AT_OR_BELOW",
+    "bind_call",
+    "find_attention_sites",
+    "fuse_linears",
+    "install_forward",
+    "masked_value",
+    "project_qkv",
+    "register_attention_adapter",
+    "unregister_attention_adapter",
+    "where_logits",
+]

@@ -11,13 +11,32 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-__all__ = ["SkippedSite", "PassReport", "GraphPass", "PASSES", "register_pass", "get_pass", "maybe_copy"]
+__all__ = [
+    "SkippedSite",
+    "ChangedSite",
+    "PassReport",
+    "GraphPass",
+    "PASSES",
+    "register_pass",
+    "get_pass",
+    "maybe_copy",
+    "set_submodule",
+]
 
 
 @dataclass
 class SkippedSite:
     site: str
     reason: str
+
+
+@dataclass
+class ChangedSite:
+    """One rewritten site: ``action`` names what was done (``fold``, ``constants``, ``where``, ``fuse``)."""
+
+    site: str
+    action: str
+    detail: str = ""
 
 
 @dataclass
@@ -29,14 +48,27 @@ class PassReport:
     changed: int = 0
     skipped: list[SkippedSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    changes: list[ChangedSite] = field(default_factory=list)
 
     def skip(self, site: str, reason: str) -> None:
         self.skipped.append(SkippedSite(site, reason))
+
+    def change(self, site: str, action: str, detail: str = "") -> None:
+        """Record one rewritten site; ``changed`` counts these and nothing else."""
+        self.changes.append(ChangedSite(site, action, detail))
+        self.changed = len(self.changes)
+
+    def count(self, action: str) -> int:
+        """How many sites were changed with ``action``."""
+        return sum(1 for c in self.changes if c.action == action)
 
     def summary(self) -> str:
         if self.found == 0:
             return f"{self.name}: no sites found" + (f" ({'; '.join(self.notes)})" if self.notes else "")
         s = f"{self.name}: {self.changed}/{self.found} sites changed"
+        actions = sorted({c.action for c in self.changes})
+        if len(actions) > 1:
+            s += " (" + ", ".join(f"{a} {self.count(a)}" for a in actions) + ")"
         if self.skipped:
             s += f", {len(self.skipped)} skipped"
         return s
@@ -48,6 +80,7 @@ class PassReport:
             "changed": self.changed,
             "skipped": [{"site": s.site, "reason": s.reason} for s in self.skipped],
             "notes": list(self.notes),
+            "changes": [{"site": c.site, "action": c.action, "detail": c.detail} for c in self.changes],
         }
 
 
@@ -83,4 +116,14 @@ def get_pass(name: str) -> GraphPass:
 
 
 def maybe_copy(model: torch.nn.Module, inplace: bool) -> torch.nn.Module:
+    """``model`` itself when ``inplace``, else a deep copy (the caller's model is never touched)."""
     return model if inplace else copy.deepcopy(model)
+
+
+def set_submodule(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    """Put ``new`` at the dotted path ``name`` under ``root`` (``''`` is not allowed: the root stays)."""
+    if not name:
+        raise ValueError("cannot replace the root module in place")
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
