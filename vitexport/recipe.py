@@ -100,9 +100,25 @@ class StagesSpec(_Spec):
 
 
 class ExportSpec(_Spec):
+    """How the model becomes ONNX (``vitexport.export.export_onnx``). Shapes are always static.
+
+    ``decompose_layernorm`` writes LayerNorm as ReduceMean/Sub/Mul/Sqrt/Div (no ``LayerNormalization``
+    op, no ``Pow``) for compilers that cannot parse the opset-17 op. ``fp16_safe_layernorm`` also
+    divides by the largest ``|x - mean|`` before squaring, so no intermediate overflows float16
+    (adds Abs/ReduceMax/Max; a target that runs no float16 can turn it off). ``explicit_attention``
+    writes ``scaled_dot_product_attention`` as MatMul/Softmax/MatMul at every opset, and
+    ``einsum_as_matmul`` two-operand einsums as Transpose/Reshape/MatMul. ``gelu_approximation:
+    tanh`` replaces exact GELU (``Erf``) by its tanh form; GELU itself moves by up to 5e-4, so the
+    model's outputs change slightly and ``parity.export_onnx`` may need loosening.
+    """
+
     opset: int = Field(default=17, ge=11, le=23)
     exporter: Exporter = Exporter.auto
     decompose_layernorm: bool = False
+    fp16_safe_layernorm: bool = True
+    explicit_attention: bool = True
+    einsum_as_matmul: bool = True
+    gelu_approximation: Literal["none", "tanh"] = "none"
     batch_size: int = Field(default=1, ge=1)
     simplify: bool = True
 
@@ -113,8 +129,13 @@ class ContractSpec(_Spec):
     max_opset: int = Field(default=17, ge=11, le=23)
     allowed_ops: list[str] | None = None
     forbidden_ops: list[str] = []
-    forbid_float16: bool = False
+    forbid_float16: bool = Field(
+        default=False, description="no float16 or bfloat16 tensor, initializer, Cast or constant anywhere"
+    )
     static_shapes: bool = True
+    allowed_domains: list[str] = Field(
+        default=[], description="operator domains besides the standard ONNX one (e.g. com.microsoft)"
+    )
 
 
 class PreprocessSpec(_Spec):
@@ -136,11 +157,18 @@ class CalibrationSpec(_Spec):
     seed: int = 0
     reuse: bool = True
     preprocess: PreprocessSpec = PreprocessSpec()
+    memory_budget_mb: int = Field(
+        default=384, ge=16, description="most MB of observed tensors fetched per inference run (chunked above)"
+    )
 
 
 class FallbackSpec(_Spec):
     enabled: bool = True
     max_float_layers: int = Field(default=8, ge=0)
+    eval_samples: int = Field(
+        default=32, ge=1, description="calibration samples used as parity feeds when the caller gives none"
+    )
+    sensitivity_samples: int = Field(default=4, ge=1, description="samples used to rank layers by sensitivity")
 
 
 class QuantizationSpec(_Spec):
@@ -150,6 +178,12 @@ class QuantizationSpec(_Spec):
     per_channel_weights: bool = True
     quantize_attention_matmuls: bool = True
     fallback: FallbackSpec = FallbackSpec()
+    measure_latency: bool = Field(
+        default=True, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio"
+    )
+    strongly_typed: bool = Field(
+        default=True, description="TensorRT 10 strongly typed build (--stronglyTyped); false: TensorRT 8 --int8 --fp16"
+    )
 
 
 def _default_parity() -> dict[str, Tolerance]:

@@ -1,1 +1,29 @@
-"""export."""
+"""ONNX export, simplification and the target contract (stage 3 of model → passes → export → quantize).
+
+``export_onnx`` writes a static-shape graph at the recipe's opset (TorchScript first, dynamo as
+fallback, with export-time rewrites for LayerNorm, attention, einsum and GELU); ``simplify_onnx``
+runs onnxsim and checks the recipe's contract before writing ``model.fp32.onnx``;
+``check_contract`` checks any ONNX model against a recipe.
+"""
+from __future__ import annotations
+
+from .contract import OP_HINTS, Violation, check_contract, contract_violations
+from .export import OUTPUT_NAME, ExportAttempt, ExportReport, export_onnx
+from .rewrites import ExportRewrites
+from .simplify import SimplifyReport, simplify_onnx
+from .verify import onnx_parity
+
+__all__ = [
+    "export_onnx",
+    "ExportReport",
+    "ExportAttempt",
+    "OUTPUT_NAME",
+    "simplify_onnx",
+    "SimplifyReport",
+    "check_contract",
+    "contract_violations",
+    "Violation",
+    "OP_HINTS",
+    "ExportRewrites",
+    "onnx_parity",
+]
