@@ -184,6 +184,10 @@ class QuantizationSpec(_Spec):
     strongly_typed: bool = Field(
         default=True, description="TensorRT 10 strongly typed build (--stronglyTyped); false: TensorRT 8 --int8 --fp16"
     )
+    reduce_range_weights: bool = Field(
+        default=False,
+        description="7-bit weights (-63..63): x86 CPUs without VNNI saturate int16 sums of u8 x s8 products otherwise",
+    )
 
 
 def _default_parity() -> dict[str, Tolerance]:

@@ -1,19 +1,40 @@
-"""Calibration / parity data: ``.npz`` files (one array per model input, optional ``y`` labels).
+"""Calibration / parity data: ``.npz`` files (one array per model input, optional ``y`` labels) and
+image folders (decoded lazily, batch by batch).
 
-A :class:`SampleSet` yields batches lazily, so memory does not grow with the number of samples.
+A :class:`SampleSet` yields batches lazily: an image folder never holds more than one batch of
+decoded images, so memory does not grow with the number of samples. Sampling is a seeded
+permutation, so the same path, count and seed always give the same samples in the same order.
 """
 from __future__ import annotations
 
 import hashlib
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from ..errors import BadInput
+from .images import ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline
 
-__all__ = ["SampleSet", "NpzSamples", "load_samples", "random_samples"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..recipe import PreprocessSpec
+    from ..sources.base import Preprocess
+
+__all__ = [
+    "SampleSet",
+    "NpzSamples",
+    "ImageFolderSamples",
+    "UnreadableImagesWarning",
+    "load_samples",
+    "random_samples",
+]
+
+
+class UnreadableImagesWarning(UserWarning):
+    """Some files in a calibration folder could not be decoded and were skipped."""
 
 
 class SampleSet:
@@ -54,15 +75,64 @@ class NpzSamples(SampleSet):
     def fingerprint(self) -> str:
         h = hashlib.sha256()
         for k in sorted(self.arrays):
-            h.update(k.encode())
-            h.update(np.ascontiguousarray(self.arrays[k]).tobytes())
+            a = np.ascontiguousarray(self.arrays[k])
+            h.update(f"{k}:{a.dtype.str}:{a.shape}".encode())
+            h.update(a.tobytes())
         return h.hexdigest()[:16]
 
 
-def _check_shapes(arrays: dict[str, np.ndarray], example: dict[str, "np.ndarray"], path: Path) -> dict[str, np.ndarray]:
+class ImageFolderSamples(SampleSet):
+    """Images from a folder, preprocessed on the fly into the model's single image input.
+
+    Attributes:
+        files: the chosen, readable images in sampling order.
+        skipped: files that could not be decoded (and were replaced by the next in the permutation).
+        pipeline: the preprocessing applied.
+    """
+
+    def __init__(self, root: Path, files: list[Path], input_name: str, dtype: np.dtype, pipeline: ImagePipeline,
+                 skipped: list[Path], labels: np.ndarray | None = None):
+        self.root = root
+        self.files = files
+        self.input_names = [input_name]
+        self.dtype = np.dtype(dtype)
+        self.pipeline = pipeline
+        self.skipped = skipped
+        self.labels = labels
+        self.source = str(root)
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        name = self.input_names[0]
+        for i in range(0, len(self.files), batch_size):
+            chunk = self.files[i : i + batch_size]
+            arr = np.stack([self.pipeline(read_rgb(p)) for p in chunk]).astype(self.dtype, copy=False)
+            yield {name: arr}
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            h = hashlib.sha256(digest_files(self.files, self.root).encode())
+            h.update(self.pipeline.describe().encode())
+            h.update(self.dtype.str.encode())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+
+def _as_numpy(v) -> np.ndarray:
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _check_shapes(arrays: dict[str, np.ndarray], example: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
     names = list(example)
-    if len(names) == 1 and names[0] not in arrays and "x" in arrays:
-        arrays = {names[0]: arrays["x"]}
+    if len(names) == 1 and names[0] not in arrays:
+        # a single-input model accepts the file's only array (or one named 'x') whatever its name
+        if "x" in arrays:
+            arrays = {names[0]: arrays["x"]}
+        elif len(arrays) == 1:
+            arrays = {names[0]: next(iter(arrays.values()))}
     missing = [n for n in names if n not in arrays]
     if missing:
         raise BadInput(f"{path}: no array for model input(s) {missing}; the file has {sorted(arrays)}")
@@ -70,36 +140,30 @@ def _check_shapes(arrays: dict[str, np.ndarray], example: dict[str, "np.ndarray"
     for n in names:
         a, want = arrays[n], tuple(example[n].shape)
         if a.ndim != len(want) or tuple(a.shape[1:]) != want[1:]:
-            raise BadInput(f"{path}: array '{n}' has shape {tuple(a.shape)}, the model input wants (N, {', '.join(map(str, want[1:]))})")
-        out[n] = a.astype(np.asarray(example[n]).dtype, copy=False)
+            raise BadInput(
+                f"{path}: array '{n}' has shape {tuple(a.shape)}, the model input wants (N, {', '.join(map(str, want[1:]))})"
+            )
+        want_dt = np.asarray(example[n]).dtype
+        if np.issubdtype(want_dt, np.integer) and not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise BadInput(f"{path}: array '{n}' holds {a.dtype} values, the model input wants integers ({want_dt})")
+        if a.dtype.kind in "fc" and a.size and not np.isfinite(a).all():
+            raise BadInput(f"{path}: array '{n}' holds NaN or infinite values")
+        out[n] = a.astype(want_dt, copy=False)
     lengths = {a.shape[0] for a in out.values()}
     if len(lengths) != 1:
         raise BadInput(f"{path}: inputs have different sample counts {sorted(lengths)}")
     return out
 
 
-def load_samples(path: str | Path, example_inputs: dict, *, num_samples: int | None = None, seed: int = 0) -> SampleSet:
-    """Load samples for a model whose inputs look like ``example_inputs`` (name → tensor/array).
-
-    Args:
-        path: an ``.npz`` file.
-        example_inputs: the model's example inputs (names, trailing shapes, dtypes).
-        num_samples: keep at most this many, chosen by a seeded permutation (deterministic).
-        seed: the sampling seed.
-    Raises:
-        BadInput: missing/unreadable file, wrong names or shapes.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise BadInput(f"data path not found: {p}")
-    example = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in example_inputs.items()}
-    if p.suffix != ".npz":
-        raise BadInput(f"{p}: unsupported data (expected an .npz file or an image folder)")
+def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int) -> NpzSamples:
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise BadInput(f"{p}: not a readable .npz file ({str(exc).splitlines()[0][:120]})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        msg = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise BadInput(f"{p}: not a readable .npz file ({msg})") from None
+    if not arrays:
+        raise BadInput(f"{p}: holds no arrays")
     labels = arrays.pop("y", None)
     inputs = _check_shapes(arrays, example, p)
     n = len(next(iter(inputs.values())))
@@ -111,19 +175,119 @@ def load_samples(path: str | Path, example_inputs: dict, *, num_samples: int | N
         idx = np.sort(np.random.default_rng(seed).permutation(n)[:num_samples])
         inputs = {k: v[idx] for k, v in inputs.items()}
         labels = labels[idx] if labels is not None else None
-    return NpzSamples(inputs, labels, str(p))
+    return NpzSamples({k: np.ascontiguousarray(v) for k, v in inputs.items()}, labels, str(p))
+
+
+def _class_labels(files: list[Path], root: Path) -> np.ndarray | None:
+    """Labels from integer-named class folders (``root/417/x.jpg``); None when the layout is not that."""
+    labels = []
+    for f in files:
+        rel = f.relative_to(root).parts
+        if len(rel) < 2 or not rel[0].isdigit():
+            return None
+        labels.append(int(rel[0]))
+    return np.asarray(labels, dtype=np.int64)
+
+
+def _load_folder(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int,
+                 preprocess: "Preprocess | None", spec: "PreprocessSpec | None") -> ImageFolderSamples:
+    if len(example) != 1:
+        raise BadInput(
+            f"{p}: an image folder can feed only a single-input model; this one has inputs {list(example)} "
+            "(use an .npz file with one array per input)"
+        )
+    name, ex = next(iter(example.items()))
+    if ex.ndim != 4 or ex.shape[1] != 3 or not np.issubdtype(ex.dtype, np.floating):
+        raise BadInput(f"{p}: an image folder needs a float N,3,H,W model input; '{name}' is {ex.dtype} {tuple(ex.shape)}")
+    pipeline = resolve_pipeline(tuple(ex.shape), preprocess, spec)
+    candidates = find_images(p)
+    if not candidates:
+        raise BadInput(f"{p}: no image files (jpg, png, bmp, webp) in the folder")
+    order = np.random.default_rng(seed).permutation(len(candidates))
+    want = len(candidates) if num_samples is None else num_samples
+    chosen: list[Path] = []
+    skipped: list[Path] = []
+    for i in order:
+        if len(chosen) >= want:
+            break
+        f = candidates[int(i)]
+        try:
+            read_rgb(f)
+        except Exception:  # PIL raises many kinds (OSError, ValueError, SyntaxError, DecompressionBomb...)
+            skipped.append(f)
+            continue
+        chosen.append(f)
+    if not chosen:
+        raise BadInput(f"{p}: none of the {len(candidates)} image file(s) could be read")
+    if skipped:
+        shown = ", ".join(s.name for s in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        warnings.warn(
+            UnreadableImagesWarning(f"{p}: skipped {len(skipped)} unreadable image file(s): {shown}"), stacklevel=3
+        )
+    return ImageFolderSamples(p, chosen, name, ex.dtype, pipeline, skipped, _class_labels(chosen, p))
+
+
+def load_samples(
+    path: str | Path,
+    example_inputs: dict,
+    *,
+    num_samples: int | None = None,
+    seed: int = 0,
+    preprocess: "Preprocess | None" = None,
+    spec: "PreprocessSpec | None" = None,
+) -> SampleSet:
+    """Load samples for a model whose inputs look like ``example_inputs`` (name → tensor/array).
+
+    Args:
+        path: an ``.npz`` file (one array per model input, samples on axis 0, optional ``y``
+            labels) or a folder of images (searched recursively; integer-named subfolders give labels).
+        example_inputs: the model's example inputs (names, trailing shapes, dtypes).
+        num_samples: keep at most this many, chosen by a seeded permutation (deterministic).
+        seed: the sampling seed.
+        preprocess: the model source's preprocessing (images only).
+        spec: the recipe's ``calibration.preprocess`` overrides (images only).
+    Returns:
+        A :class:`SampleSet`.
+    Raises:
+        BadInput: missing or unreadable file, no readable image, wrong names, shapes or dtypes.
+    Warns:
+        UnreadableImagesWarning: some images were skipped (the count is in the message).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"data path not found: {p}")
+    if num_samples is not None and num_samples < 1:
+        raise BadInput(f"num_samples must be at least 1, got {num_samples}")
+    example = {k: _as_numpy(v) for k, v in example_inputs.items()}
+    if p.is_dir():
+        return _load_folder(p, example, num_samples, seed, preprocess, spec)
+    if p.suffix.lower() != ".npz":
+        raise BadInput(f"{p}: unsupported data (expected an .npz file or an image folder)")
+    return _load_npz(p, example, num_samples, seed)
 
 
 def random_samples(example_inputs: dict, num_samples: int, seed: int = 0) -> NpzSamples:
-    """Seeded synthetic samples shaped like ``example_inputs`` (used only when no data is given)."""
+    """Seeded synthetic samples shaped like ``example_inputs`` (used only when no data is given).
+
+    Float inputs are standard normal; integer inputs are uniform below the example's maximum + 1,
+    except inputs named like a mask, which get a random amount of trailing padding (zeros) per
+    sample so that masked positions are exercised.
+    """
     rng = np.random.default_rng(seed)
     arrays = {}
     for k, v in example_inputs.items():
-        a = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+        a = _as_numpy(v)
         shape = (num_samples, *a.shape[1:])
-        if np.issubdtype(a.dtype, np.integer):
-            hi = max(int(a.max()) + 1, 2)
-            arrays[k] = rng.integers(0, hi, size=shape).astype(a.dtype) if "mask" not in k else np.ones(shape, a.dtype)
+        if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+            if "mask" in k.lower():
+                m = np.ones(shape, dtype=a.dtype)
+                if len(shape) == 2 and shape[1] > 1:
+                    keep = rng.integers(max(1, shape[1] // 2), shape[1] + 1, size=num_samples)
+                    m = (np.arange(shape[1])[None, :] < keep[:, None]).astype(a.dtype)
+                arrays[k] = m
+            else:
+                hi = max(int(a.max()) + 1, 2)
+                arrays[k] = rng.integers(0, hi, size=shape).astype(a.dtype)
         else:
             arrays[k] = rng.standard_normal(shape).astype(a.dtype)
     return NpzSamples(arrays, None, "synthetic")

@@ -1,0 +1,249 @@
+"""``python -m bench.run [--quick]``: measure vitexport and the plain path, write ``bench/results.md``.
+
+Every measurement is a child process (:func:`bench.proc.run_child`); its outcome is stored as a
+record in ``bench/work/records.json`` as soon as it exists, so an interrupted run loses one
+measurement, ``--resume`` re-measures only what is missing or failed, and ``--render-only``
+re-renders the report from the records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from .models import MODELS
+from .plan import GridCell, Plan, full_plan, quick_plan
+from .proc import GB, REPO, ChildResult, run_child
+from .report import machine_info, render
+
+__all__ = ["main", "Bench"]
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def _default_cap_gb() -> float:
+    """18 GB as the issue asks, but never more than 65 % of what is available now: on a shared
+    machine the rest belongs to others, and the kernel's OOM killer would pick a victim at random."""
+    return round(min(18.0, 0.65 * psutil.virtual_memory().available / GB), 1)
+
+
+class Bench:
+    """Walks a :class:`~bench.plan.Plan`, one child process per measurement, keeping records."""
+
+    def __init__(self, plan: Plan, work: Path, cap_gb: float, resume: bool, log=print):
+        self.plan, self.work, self.cap = plan, work, int(cap_gb * GB)
+        self.cap_gb = cap_gb
+        self.log = log
+        self.path = work / f"records-{plan.name}.json"
+        self.records: dict[str, dict] = {}
+        if resume and self.path.is_file():
+            self.records = json.loads(self.path.read_text())
+        self.started = time.time()
+
+    # --- records ---------------------------------------------------------------------------------
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.records, indent=1))
+        os.replace(tmp, self.path)
+
+    def measure(self, rid: str, task: str, args: dict) -> dict:
+        """Run a task in a child unless ``rid`` has a good record of the same arguments; store and return it."""
+        old = self.records.get(rid)
+        if old is not None and old.get("ok") and old.get("args") == args:
+            return old
+        t = time.strftime("%H:%M:%S")
+        self.log(f"[{t}] {rid} ...")
+        log_path = self.work / "logs" / (rid.replace("|", "_") + ".log")
+        res: ChildResult = run_child(task, args, cap_bytes=self.cap, timeout_s=self.plan.timeout_s, log_path=log_path)
+        rec = res.to_dict()
+        rec["args"] = args
+        rec["log"] = str(log_path.relative_to(REPO)) if log_path.is_relative_to(REPO) else str(log_path)
+        self.records[rid] = rec
+        self._save()
+        status = "ok" if res.ok else f"FAILED: {res.error}"
+        self.log(f"    {res.wall_s:.1f} s, peak {res.peak_bytes / GB:.2f} GB, {status}")
+        return rec
+
+    # --- steps -----------------------------------------------------------------------------------
+    def prepare(self, model: str) -> dict:
+        args = {"model": model, "work": str(self.work / model), "max_calib": self.plan.max_calib}
+        if self.plan.heldout:
+            args["heldout"] = self.plan.heldout
+        return self.measure(f"prepare|{model}", "prepare", args)
+
+    def _will_run(self, rid: str, args: dict) -> bool:
+        rec = self.records.get(rid)
+        return not (rec and rec.get("ok") and rec.get("args") == args)
+
+    def vitexport(self, model: str, prep: dict, method: str, n: int, target: str = "orin", base: Path | None = None) -> dict:
+        """One vitexport run.
+
+        A failing INT8 parity gate does not stop the bench: the worker records it as the gate's
+        verdict and the INT8 model is measured like the plain path's. ``base``: a finished run whose
+        export stages are reused (hard links), for the extra ``cpu`` recipe run.
+        """
+        out = self.work / model / f"vx-{target}-{method}-{n}"
+        rid = f"vx|{model}|{target}|{method}|{n}"
+        args = {"uri": prep["uri"], "weights": prep["weights"], "calib": prep["calib"], "heldout": prep["heldout"],
+                "out": str(out), "target": target, "method": method, "num_samples": n, "resume": base is not None}
+        if self._will_run(rid, args):
+            shutil.rmtree(out, ignore_errors=True)  # a fresh run: nothing of an earlier one is reused
+            if base is not None:
+                _link_tree(base, out, ("model.raw.onnx", "model.fp32.onnx", ".vitexport-state.json"))
+        return self.measure(rid, "vitexport", args)
+
+    def plain(self, model: str, prep: dict, method: str, n: int) -> dict:
+        """One plain-path run: export, then ``quantize_static``."""
+        out = self.work / model / f"plain-{method}-{n}"
+        rid = f"plain|{model}|{method}|{n}"
+        args = {"model": model, "weights": prep["weights"], "calib": prep["calib"], "heldout": prep["heldout"],
+                "out": str(out), "method": method, "num_samples": n}
+        if self._will_run(rid, args):
+            shutil.rmtree(out, ignore_errors=True)
+        return self.measure(rid, "plain", args)
+
+    def quality(self, rid: str, prep: dict, onnx: str | None) -> None:
+        """INT8 quality of one ONNX file against the torch FP32 logits, stored under ``q|rid``."""
+        if onnx and Path(onnx).is_file():
+            self.measure(f"q|{rid}", "quality", {"onnx": onnx, "heldout": prep["heldout"], "reference": prep["reference"]})
+
+    def run_model(self, model: str) -> None:
+        """Headline runs of both paths, their quality, one interleaved latency run, the grid."""
+        plan = self.plan
+        prep_rec = self.prepare(model)
+        if not prep_rec["ok"]:
+            return
+        prep = prep_rec["data"]
+        n_head = plan.num_samples
+        base: Path | None = None
+        onnx: dict[str, str] = {}  # latency label -> file
+
+        def have(rec: dict, name: str) -> str | None:
+            f = rec.get("data", {}).get("files", {}).get(name)
+            return f if f and Path(f).is_file() else None
+
+        for method in plan.methods:
+            vx = self.vitexport(model, prep, method, n_head)
+            self.quality(f"vx|{model}|orin|{method}|{n_head}", prep, have(vx, "model.int8.onnx"))
+            if have(vx, "model.int8.onnx"):
+                onnx[f"vx|orin|{method}"] = have(vx, "model.int8.onnx")
+            if "vx|fp32" not in onnx and have(vx, "model.fp32.onnx"):
+                onnx["vx|fp32"] = have(vx, "model.fp32.onnx")
+                base = Path(onnx["vx|fp32"]).parent
+            pl = self.plain(model, prep, method, n_head)
+            self.quality(f"plain|{model}|{method}|{n_head}", prep, have(pl, "model.int8.onnx"))
+            if have(pl, "model.int8.onnx"):
+                onnx[f"plain|{method}"] = have(pl, "model.int8.onnx")
+            if "plain|fp32" not in onnx and have(pl, "model.fp32.onnx"):
+                onnx["plain|fp32"] = have(pl, "model.fp32.onnx")
+        if plan.cpu_target and not MODELS[model].is_demo and base is not None:
+            # vitexport's cpu recipe: the same export (reused from the orin run), quantized the way
+            # ONNX Runtime on x86 runs fastest; measured for latency and quality only.
+            method = "percentile" if "percentile" in plan.methods else plan.methods[0]
+            vx = self.vitexport(model, prep, method, n_head, target="cpu", base=base)
+            self.quality(f"vx|{model}|cpu|{method}|{n_head}", prep, have(vx, "model.int8.onnx"))
+            if have(vx, "model.int8.onnx"):
+                onnx[f"vx|cpu|{method}"] = have(vx, "model.int8.onnx")
+        if onnx:
+            self.measure(f"lat|{model}", "latency", {"models": dict(sorted(onnx.items())), "runs": plan.runs(model),
+                                                     "warmup": plan.warmup, "threads": 2})
+        exceeded: set[tuple[str, str]] = set()
+        for cell in plan.grid.get(model, ()):
+            self.grid_cell(model, prep, cell, exceeded)
+
+    def grid_cell(self, model: str, prep: dict, cell: GridCell, exceeded: set) -> None:
+        """One calibration-memory cell; skipped (and recorded as such) when implied or already run."""
+        if cell.num_samples == self.plan.num_samples and cell.method in self.plan.methods:
+            return  # the headline already measured it
+        key = (cell.path, cell.method)
+        if cell.path == "plain":
+            rid = f"plain|{model}|{cell.method}|{cell.num_samples}"
+            if key in exceeded:
+                self.records[rid] = {"ok": False, "skipped": True, "exceeded_cap": True, "cap_bytes": self.cap,
+                                     "error": f"not run: fewer samples already exceeded {self.cap_gb:.1f} GB"}
+                self._save()
+                return
+            rec = self.plain(model, prep, cell.method, cell.num_samples)
+        else:
+            rec = self.vitexport(model, prep, cell.method, cell.num_samples)
+        if rec.get("exceeded_cap"):
+            exceeded.add(key)
+        # Grid outputs are large (ViT-B: 2 × 330 MB per cell) and measured for memory only.
+        out = self.work / model / (f"vx-orin-{cell.method}-{cell.num_samples}" if cell.path == "vx" else f"plain-{cell.method}-{cell.num_samples}")
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _link_tree(src: Path, dst: Path, names: tuple[str, ...]) -> None:
+    """Hard-link a finished run's files into a new folder (vitexport writes atomically, so sharing is safe)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        s = src / name
+        if s.is_file():
+            try:
+                os.link(s, dst / name)
+            except OSError:
+                shutil.copy2(s, dst / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: see ``--help``."""
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="demo + ViT-Tiny + outlier ViT-Tiny, 32 samples, a few minutes")
+    ap.add_argument("--complete-grid", action="store_true", help="ViT-B/16 memory: every method at 32, 128 and 256 samples (hours)")
+    ap.add_argument("--models", help="comma-separated subset of the plan's models")
+    ap.add_argument("--work", default=str(BENCH_DIR / "work"), help="scratch folder (git-ignored)")
+    ap.add_argument("--out", default=None, help="report path (default bench/results.md; --quick: bench/work/results-quick.md)")
+    ap.add_argument("--mem-cap-gb", type=float, default=None, help="kill a measurement above this resident memory")
+    ap.add_argument("--timeout-s", type=float, default=None, help="kill a measurement after this long (default: the plan's)")
+    ap.add_argument("--resume", action="store_true", help="keep good records of an earlier run, re-measure the rest")
+    ap.add_argument("--render-only", action="store_true", help="re-render the report from the stored records")
+    a = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the running child (its own process group) is killed too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    plan = quick_plan() if a.quick else full_plan(complete_grid=a.complete_grid)
+    if a.models:
+        wanted = [m.strip() for m in a.models.split(",") if m.strip()]
+        unknown = [m for m in wanted if m not in MODELS]
+        if unknown:
+            ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+        plan = Plan(**{**plan.__dict__, "models": tuple(wanted)})
+    if a.timeout_s:
+        plan = Plan(**{**plan.__dict__, "timeout_s": a.timeout_s})
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    # The quick run must not overwrite the committed full report.
+    out = Path(a.out) if a.out else (work / "results-quick.md" if a.quick else BENCH_DIR / "results.md")
+    cap_gb = a.mem_cap_gb or _default_cap_gb()
+    bench = Bench(plan, work, cap_gb, resume=a.resume or a.render_only)
+    info = machine_info()
+    if not a.render_only:
+        t0 = time.perf_counter()
+        print(f"bench ({plan.name}): {', '.join(plan.models)}; memory cap {cap_gb:.1f} GB; records in {bench.path}")
+        for model in plan.models:
+            bench.run_model(model)
+        info["bench_seconds"] = time.perf_counter() - t0
+        info["load_after"] = os.getloadavg()
+        meta = bench.records.setdefault("_meta", {"ok": True})
+        meta.update(info, cap_gb=cap_gb)
+        bench._save()
+    else:
+        info.update({k: v for k, v in bench.records.get("_meta", {}).items() if k != "ok"})
+        # The cap the measurements ran under, not today's (a run still going has no _meta yet).
+        caps = [r.get("cap_bytes") for r in bench.records.values() if r.get("cap_bytes")]
+        cap_gb = info.pop("cap_gb", None) or (round(max(caps) / GB, 1) if caps else cap_gb)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(plan, bench.records, info, cap_gb))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Child-process entry points: ``python -m bench.worker TASK ARGS.json RESULT.json``.
+
+Each task does one measurement and writes a JSON object to ``RESULT.json``; the parent
+(:mod:`bench.proc`) adds the process's wall time and watches its memory. A task that fails writes
+``{"error": "<one line>"}`` so the table can say what broke instead of the whole bench stopping.
+The child records its own peak resident memory (``VmHWM``) last thing before it exits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["TASKS", "main", "select_calibration", "vm_hwm_bytes"]
+
+
+def vm_hwm_bytes() -> int:
+    """This process's peak resident memory, from the kernel's high-water mark."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def select_calibration(n_total: int, num_samples: int, seed: int = 0) -> np.ndarray:
+    """The sample indices vitexport draws from an ``.npz`` (``calibration.data._load_npz``).
+
+    The plain path is fed exactly the samples vitexport calibrates on: a sorted, seeded permutation.
+    """
+    if num_samples >= n_total:
+        return np.arange(n_total)
+    return np.sort(np.random.default_rng(seed).permutation(n_total)[:num_samples])
+
+
+def _load_torch_model(model_key: str, weights: str):
+    """The torch FP32 model the plain path exports: same architecture and weights as vitexport's."""
+    from bench.models import MODELS
+
+    spec = MODELS[model_key]
+    if spec.is_demo:
+        from vitexport.demo.model import build_demo_vit
+
+        model = build_demo_vit()
+    else:
+        import timm
+
+        model = timm.create_model(spec.timm_name, pretrained=False)
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(weights))
+    return model.eval()
+
+
+# --- tasks -------------------------------------------------------------------------------------------
+
+def task_prepare(a: dict) -> dict:
+    """Write weights, data and FP32 reference logits for one model (:func:`bench.models.prepare_model`)."""
+    from bench.models import MODELS, prepare_model
+
+    spec = MODELS[a["model"]]
+    if a.get("heldout"):
+        spec = dataclasses.replace(spec, heldout=min(spec.heldout, int(a["heldout"])))
+    return prepare_model(spec, Path(a["work"]), int(a["max_calib"]), seed=int(a.get("seed", 0)))
+
+
+def task_vitexport(a: dict) -> dict:
+    """``vitexport.api.export`` with a calibration method and sample count.
+
+    A parity gate that fails is a result, not an error: the INT8 model exists and is measured like
+    the plain path's (which has no gate at all); the table says the gate failed.
+    """
+    from vitexport import api
+    from vitexport.errors import ParityFailure
+
+    overrides = [f"calibration.method={a['method']}", f"calibration.num_samples={a['num_samples']}", *a.get("overrides", [])]
+    out = Path(a["out"])
+    t0 = time.perf_counter()
+    gate = None
+    stage_seconds: dict[str, float] = {}
+    try:
+        arts = api.export(a["uri"], a["target"], weights=a["weights"], calib=a["calib"], parity_data=a["heldout"],
+                          out=out, overrides=overrides, resume=bool(a.get("resume", False)),
+                          log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True))  # timed stage lines, in the child's log
+        stage_seconds = dict(arts.stage_seconds)
+        resumed = list(arts.resumed)
+    except ParityFailure as exc:
+        gate = str(exc)
+        resumed = []
+    seconds = time.perf_counter() - t0
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        man = json.loads(manifest.read_text())
+        stage_seconds = stage_seconds or {k: v["seconds"] for k, v in man.get("stages", {}).items()}
+        resumed = resumed or man.get("resumed_stages", [])
+    files = {n: str(out / n) for n in ("model.raw.onnx", "model.fp32.onnx", "model.int8.onnx") if (out / n).is_file()}
+    return {"seconds": seconds, "stage_seconds": stage_seconds, "gate_failure": gate, "files": files, "resumed": resumed}
+
+
+class _NpzReader:
+    """An ``onnxruntime.quantization.CalibrationDataReader`` over in-memory samples, one per call."""
+
+    def __init__(self, name: str, x: np.ndarray):
+        self.name, self.x, self.i = name, x, 0
+
+    def get_next(self):
+        if self.i >= len(self.x):
+            return None
+        self.i += 1
+        return {self.name: self.x[self.i - 1 : self.i]}
+
+    def rewind(self) -> None:
+        self.i = 0
+
+
+def task_plain(a: dict) -> dict:
+    """The plain path: ``torch.onnx.export`` then ``quantize_static`` (QDQ, per-channel, int8).
+
+    ``fp32`` given and present: the export is skipped (the calibration-memory grid re-quantizes one
+    export; the export is timed in the model's first plain run).
+    """
+    import torch
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    out = Path(a["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    fp32 = Path(a.get("fp32") or out / "model.fp32.onnx")
+    int8 = out / "model.int8.onnx"
+    export_s = None
+    if not fp32.is_file():
+        model = _load_torch_model(a["model"], a["weights"])
+        x = torch.from_numpy(np.load(a["heldout"])["x"][:1])
+        with torch.no_grad():
+            model(x)  # warm, as vitexport's model is by the time it exports (reference capture)
+        t0 = time.perf_counter()
+        # dynamo=False: the TorchScript exporter, what most tutorials and existing scripts call.
+        torch.onnx.export(model, (x,), str(fp32), opset_version=17, dynamo=False, input_names=["x"], output_names=["output"])
+        export_s = time.perf_counter() - t0
+        del model
+    calib = np.load(a["calib"])["x"]
+    x = calib[select_calibration(len(calib), int(a["num_samples"]))]
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+              "entropy": CalibrationMethod.Entropy}[a["method"]]
+    t0 = time.perf_counter()
+    quantize_static(
+        str(fp32), str(int8), _NpzReader("x", x),
+        quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        calibrate_method=method,
+    )
+    quantize_s = time.perf_counter() - t0
+    return {"export_s": export_s, "quantize_s": quantize_s, "files": {"model.fp32.onnx": str(fp32), "model.int8.onnx": str(int8)}}
+
+
+def task_quality(a: dict) -> dict:
+    """INT8 (or any ONNX) logits vs the torch FP32 model's on the held-out inputs.
+
+    The bench computes its own metrics (it does not ask vitexport's parity code to grade vitexport):
+    per-sample cosine of the logit vectors, top-1 agreement, and accuracy where labels exist.
+    """
+    import onnxruntime as ort
+
+    held = np.load(a["heldout"])
+    ref = np.load(a["reference"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(a["onnx"], opts, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    x = held["x"]
+    out = np.concatenate([sess.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
+    r = ref["logits"].astype(np.float64)
+    o = out.astype(np.float64).reshape(r.shape)
+    cos = (r * o).sum(1) / (np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1) + 1e-30)
+    res = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+           "top1_agreement": float((r.argmax(1) == o.argmax(1)).mean()), "n": int(len(x))}
+    if "y" in ref.files:
+        res["accuracy"] = float((o.argmax(1) == ref["y"]).mean())
+        res["fp32_accuracy"] = float((r.argmax(1) == ref["y"]).mean())
+    return res
+
+
+def task_latency(a: dict) -> dict:
+    """ONNX Runtime latency, batch 1, of several models of one network, interleaved.
+
+    All sessions are loaded first, warmed up, then timed round-robin (one run of each per round), so
+    a load change on a shared machine hits FP32 and INT8 alike and their ratio stays meaningful.
+
+    Args (JSON): ``models`` label → ONNX path, ``runs``, ``warmup``, ``threads``.
+    Returns:
+        label → ``median_ms``, ``p10_ms``, ``p90_ms``, ``runs``, ``bytes``.
+    """
+    import onnxruntime as ort
+
+    sessions, feeds = {}, {}
+    for label, path in a["models"].items():
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(a.get("threads", 2))
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0]
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+        sessions[label] = sess
+        feeds[label] = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    for label, sess in sessions.items():
+        for _ in range(int(a.get("warmup", 3))):
+            sess.run(None, feeds[label])
+    times: dict[str, list[float]] = {label: [] for label in sessions}
+    for _ in range(int(a["runs"])):
+        for label, sess in sessions.items():
+            t = time.perf_counter()
+            sess.run(None, feeds[label])
+            times[label].append(time.perf_counter() - t)
+    out = {}
+    for label, ts in times.items():
+        ms = np.array(ts) * 1e3
+        out[label] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+                      "p90_ms": float(np.percentile(ms, 90)), "runs": len(ts), "bytes": Path(a["models"][label]).stat().st_size}
+    return {"latency": out}
+
+
+def task_alloc(a: dict) -> dict:
+    """Touch ``mb`` MiB, hold it ``hold_s`` seconds: the harness's own test of its memory watchdog."""
+    block = np.ones(int(a["mb"]) * 2**20 // 8)
+    time.sleep(float(a.get("hold_s", 0.0)))
+    return {"mb": int(block.nbytes // 2**20)}
+
+
+TASKS = {"alloc": task_alloc, "prepare": task_prepare, "vitexport": task_vitexport, "plain": task_plain, "quality": task_quality, "latency": task_latency}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one task; always write a result file (the error as one line if the task raised)."""
+    argv = sys.argv[1:] if argv is None else argv
+    task, args_path, out_path = argv
+    args = json.loads(Path(args_path).read_text())
+    try:
+        result = TASKS[task](args)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a table cell, not a crash
+        traceback.print_exc()
+        msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+        result = {"error": msg[:300]}
+    result["peak_bytes"] = vm_hwm_bytes()
+    Path(out_path).write_text(json.dumps(result))
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Calibration memory does not grow with the number of samples (measured in fresh processes)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "quantize"))
+from qmodels import export_onnx, tiny_vit  # noqa: E402
+
+from vitexport.quantize.bench import measure_calibration_memory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mem")
+    model = export_onnx(tiny_vit(img=64, patch=8, depth=4), {"x": torch.zeros(1, 3, 64, 64)}, d / "vit.onnx")
+    imgs = d / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(96):
+        Image.fromarray(rng.integers(0, 255, (72, 80, 3), dtype=np.uint8)).save(imgs / f"{i:03d}.png")
+    return model, imgs, d
+
+
+def test_peak_memory_flat_when_samples_grow_4x(setup):
+    # entropy and mse share the percentile histogram observer, so one method measures them all
+    model, imgs, d = setup
+    kw = dict(data=imgs, with_torch=False, overrides=["calibration.method=percentile"])
+    small = measure_calibration_memory(model, 24, d / "n24", **kw)
+    large = measure_calibration_memory(model, 96, d / "n96", **kw)
+    assert small["report"]["num_samples"] == 24 and large["report"]["num_samples"] == 96
+    growth = large["peak_rss_mb"] / small["peak_rss_mb"] - 1.0
+    assert growth < 0.10, f"peak RSS {small['peak_rss_mb']:.0f} MB -> {large['peak_rss_mb']:.0f} MB"

@@ -1,0 +1,160 @@
+"""quantize_int8 end to end on tiny models: outliers, masked encoders, scale-table reuse, artifacts."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from qcases import recipe
+from vitexport.calibration import NpzSamples
+from vitexport.calibration.table import read_trt_cache, scale_to_hex
+from vitexport.parity.metrics import compute_metrics
+from vitexport.quantize import quantize_int8
+from vitexport.quantize.equalize import apply_equalization, compute_factors, find_sites
+from vitexport.quantize.graph import GraphIndex
+from vitexport.quantize.targets import get_target
+
+NO_FALLBACK = "quantization.fallback.enabled=false"
+
+
+def _outputs(path, feeds):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, f)[0] for f in feeds])
+
+
+def _cosine(case, path) -> float:
+    return compute_metrics(case.reference, _outputs(path, case.feeds)).cosine_min
+
+
+@pytest.mark.parametrize("name", ["orin", "npu"])
+def test_outlier_vit_reaches_cosine_099_with_equalisation(outlier_vit, outlier_vit13, tmp_path, name):
+    case = outlier_vit if name == "orin" else outlier_vit13
+    plain = quantize_int8(case.path, tmp_path / "plain.onnx", case.calib,
+                          recipe(name, NO_FALLBACK, "quantization.equalize=false"), tmp_path / "plain")
+    eq = quantize_int8(case.path, tmp_path / "eq.onnx", case.calib, recipe(name, NO_FALLBACK), tmp_path / "eq")
+    c_plain, c_eq = _cosine(case, tmp_path / "plain.onnx"), _cosine(case, tmp_path / "eq.onnx")
+    assert plain.equalized == 0 and eq.equalized == 4  # norm1 + norm2 of 2 blocks
+    assert c_plain < 0.97, f"the outliers should hurt plain INT8 (cosine {c_plain})"
+    assert c_eq >= 0.99, f"equalised INT8 cosine {c_eq}"
+
+
+def test_equalisation_keeps_the_float_function(outlier_vit):
+    m = onnx.load(str(outlier_vit.path))
+    idx = GraphIndex(m)
+    plan = get_target(recipe("orin")).annotate(idx)
+    sites, _ = find_sites(idx, plan)
+    assert len(sites) == 4
+    rng = np.random.default_rng(0)
+    factors = {s.tensor: compute_factors(idx, s, rng.uniform(0.5, 300, s.channels), 0.5) for s in sites}
+    assert apply_equalization(m, idx, sites, factors) == 4
+    ref = _outputs(outlier_vit.path, outlier_vit.feeds[:4])
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = np.concatenate([sess.run(None, f)[0] for f in outlier_vit.feeds[:4]])
+    assert np.abs(out - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    # onnxsim shares one all-ones gamma between LayerNorms; equalising one must not touch the others
+    gammas = [idx.by_name[s.scale_ref[0]].input[1] for s in sites]
+    assert len(set(gammas)) == len(gammas)
+
+
+def test_masked_multi_input_encoder(bert, tmp_path):
+    rep = quantize_int8(bert.path, tmp_path / "bert.int8.onnx", bert.calib, recipe("orin", NO_FALLBACK), tmp_path)
+    assert rep.quantized_nodes >= 12
+    c = _cosine(bert, tmp_path / "bert.int8.onnx")
+    assert c >= 0.99, f"embedding cosine {c}"
+    # the mask path (Cast/Sub/Mul/Add into the scores) is never quantized
+    m = onnx.load(str(tmp_path / "bert.int8.onnx"))
+    idx = GraphIndex(m)
+    mask_consumers = [c for c, _ in idx.consumers["attention_mask"]]
+    assert mask_consumers and all(c.op_type != "QuantizeLinear" for c in mask_consumers)
+    padded = [f for f in bert.feeds if f["attention_mask"].min() == 0]
+    assert padded, "the parity set must exercise padding"
+
+
+def test_second_run_reuses_scale_table(vit17, tmp_path):
+    r = recipe("orin", NO_FALLBACK, "calibration.reuse=true")
+    first = quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path)
+    table = json.loads((tmp_path / "calibration.json").read_text())
+    assert not first.reused_table and table["num_samples"] == len(vit17.calib)
+    assert table["method"] == "percentile" and table["model_hash"] and table["data_hash"]
+    second = quantize_int8(vit17.path, tmp_path / "b.onnx", vit17.calib, r, tmp_path)
+    assert second.reused_table
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    # other data: calibrate again
+    other = NpzSamples({"x": vit17.calib.arrays["x"][:20]})
+    third = quantize_int8(vit17.path, tmp_path / "c.onnx", other, r, tmp_path)
+    assert not third.reused_table and third.num_samples == 20
+    # other method: calibrate again
+    fourth = quantize_int8(vit17.path, tmp_path / "d.onnx", other, recipe("orin", NO_FALLBACK, "calibration.method=minmax",
+                                                                       "calibration.reuse=true"), tmp_path)
+    assert not fourth.reused_table and fourth.method == "minmax"
+
+
+def test_deterministic_bytes(vit17, tmp_path):
+    r = recipe("orin", NO_FALLBACK)
+    quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path / "a")
+    quantize_int8(vit17.path, tmp_path / "b.onnx", vit17.calib, r, tmp_path / "b")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert (tmp_path / "a" / "calibration.cache").read_bytes() == (tmp_path / "b" / "calibration.cache").read_bytes()
+
+
+def test_trt_calibration_cache_format(vit17, tmp_path):
+    quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin", NO_FALLBACK), tmp_path)
+    lines = (tmp_path / "calibration.cache").read_text().splitlines()
+    assert lines[0].startswith("TRT-") and lines[0].endswith("EntropyCalibration2")
+    table = json.loads((tmp_path / "calibration.json").read_text())["tensors"]
+    header, scales = read_trt_cache(tmp_path / "calibration.cache")
+    assert set(scales) <= set(table) and len(scales) == len(lines) - 1
+    for ln in lines[1:]:
+        name, hx = ln.rsplit(": ", 1)
+        assert len(hx) == 8 and int(hx, 16) >= 0
+        assert hx == scale_to_hex(np.float32(table[name]["amax"] / 127.0))
+    assert scale_to_hex(1.0) == "3f800000"  # big-endian IEEE float32
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "mse"])
+def test_every_method_quantizes(vit17, tmp_path, method):
+    rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
+                        recipe("orin", NO_FALLBACK, f"calibration.method={method}"), tmp_path)
+    assert rep.method == method
+    assert _cosine(vit17, tmp_path / "m.onnx") >= 0.98
+
+
+def test_latency_is_measured_and_reported(vit17, tmp_path):
+    r = recipe("cpu", NO_FALLBACK, "quantization.measure_latency=true")
+    rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, r, tmp_path)
+    assert rep.latency_ratio is not None and rep.latency_ratio > 0
+    d = rep.to_dict()
+    for key in ("method", "num_samples", "reused_table", "quantized_nodes", "qdq_pairs", "float_fallback",
+                "equalized", "latency_ratio", "notes"):
+        assert key in d
+    if rep.latency_ratio < 1.0:
+        assert any("SLOWER" in n for n in rep.notes)
+
+
+def test_unreadable_model_is_bad_input(vit17, tmp_path):
+    from vitexport.errors import BadInput
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    with pytest.raises(BadInput):
+        quantize_int8(bad, tmp_path / "m.onnx", vit17.calib, recipe("orin"), tmp_path)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_calibration_data_that_does_not_fit_the_model(vit17, bert, tmp_path):
+    from vitexport.calibration import random_samples
+    from vitexport.errors import BadInput
+
+    wrong_shape = random_samples({"x": np.zeros((1, 3, 48, 48), np.float32)}, 4)
+    with pytest.raises(BadInput, match="shape"):
+        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_shape, recipe("orin"), tmp_path)
+    wrong_names = random_samples({"pixels": np.zeros((1, 3, 32, 32), np.float32)}, 4)
+    with pytest.raises(BadInput, match="no array"):
+        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_names, recipe("orin"), tmp_path)
+    floats = NpzSamples({"input_ids": np.zeros((4, 32), np.float32), "attention_mask": np.ones((4, 32), np.int64)})
+    with pytest.raises(BadInput, match="holds float32"):
+        quantize_int8(bert.path, tmp_path / "b.onnx", floats, recipe("orin"), tmp_path)
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "b.onnx").exists()

@@ -1,0 +1,149 @@
+"""Image folders as calibration data: read any common format, convert to RGB, preprocess like training.
+
+Grayscale, palette, RGBA / LA (the alpha is dropped, as timm's and torchvision's loaders do with
+``PIL.Image.convert('RGB')``), CMYK and 16-bit images all become 8-bit RGB before the model's
+resize / center crop / normalisation.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from ..errors import BadInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..recipe import PreprocessSpec
+    from ..sources.base import Preprocess
+
+__all__ = ["IMAGE_SUFFIXES", "ImagePipeline", "find_images", "read_rgb", "resolve_pipeline", "digest_files"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ImagePipeline:
+    """Resize the shorter side to ``resize``, center-crop ``crop`` (square or (h, w)), scale to
+    [0, 1], normalise with ``mean`` / ``std``; result CHW float32."""
+
+    resize: int
+    crop: tuple[int, int]
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def describe(self) -> str:
+        return (f"resize={self.resize} crop={self.crop[0]}x{self.crop[1]} interpolation={self.interpolation} "
+                f"mean={tuple(round(m, 4) for m in self.mean)} std={tuple(round(s, 4) for s in self.std)}")
+
+    def __call__(self, img) -> np.ndarray:
+        from PIL import Image
+
+        interp = {
+            "bilinear": Image.Resampling.BILINEAR,
+            "bicubic": Image.Resampling.BICUBIC,
+            "nearest": Image.Resampling.NEAREST,
+            "lanczos": Image.Resampling.LANCZOS,
+        }.get(self.interpolation, Image.Resampling.BILINEAR)
+        w, h = img.size
+        ch, cw = self.crop
+        scale = self.resize / min(w, h)
+        nw, nh = max(cw, round(w * scale)), max(ch, round(h * scale))
+        if (nw, nh) != (w, h):
+            img = img.resize((nw, nh), interp)
+        left, top = (nw - cw) // 2, (nh - ch) // 2
+        img = img.crop((left, top, left + cw, top + ch))
+        a = np.asarray(img, dtype=np.float32) / 255.0  # HWC
+        a = (a - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return np.ascontiguousarray(a.transpose(2, 0, 1))
+
+
+def resolve_pipeline(
+    input_shape: tuple[int, ...], preprocess: "Preprocess | None", spec: "PreprocessSpec | None"
+) -> ImagePipeline:
+    """The model's preprocessing, with the recipe's ``calibration.preprocess`` keys taking precedence.
+
+    Args:
+        input_shape: the model input's shape (N, C, H, W); H, W are the crop when nobody says.
+    """
+    h, w = int(input_shape[-2]), int(input_shape[-1])
+    resize = preprocess.resize if preprocess else None
+    crop: tuple[int, int] = (h, w)
+    interp = preprocess.interpolation if preprocess else "bilinear"
+    mean = tuple(preprocess.mean) if preprocess else (0.485, 0.456, 0.406)
+    std = tuple(preprocess.std) if preprocess else (0.229, 0.224, 0.225)
+    if preprocess and preprocess.crop and (preprocess.crop, preprocess.crop) != crop:
+        # the model's pretrained crop differs from the export shape (img_size override): scale resize
+        resize = round(resize * h / preprocess.crop) if resize else None
+    if spec is not None:
+        fields = spec.model_fields_set
+        if spec.resize is not None:
+            resize = spec.resize
+        if spec.crop is not None:
+            crop = (spec.crop, spec.crop)
+        if "interpolation" in fields or preprocess is None:
+            interp = spec.interpolation
+        if spec.mean is not None:
+            mean = tuple(spec.mean)
+        if spec.std is not None:
+            std = tuple(spec.std)
+    if crop != (h, w):
+        raise BadInput(f"calibration.preprocess.crop {crop[0]} does not match the model input {h}x{w}")
+    if resize is None:
+        resize = min(h, w)
+    if resize < min(crop):
+        raise BadInput(f"calibration.preprocess.resize {resize} is smaller than the crop {crop[0]}x{crop[1]}")
+    return ImagePipeline(int(resize), crop, str(interp), mean, std)
+
+
+def find_images(folder: Path) -> list[Path]:
+    """Image files under ``folder`` (recursively, hidden entries skipped), in a stable order."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for f in sorted(files):
+            if not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES):
+                found.append(Path(root) / f)
+    return found
+
+
+def read_rgb(path: Path):
+    """Open an image and return an 8-bit RGB ``PIL.Image``; raise ``OSError``/``ValueError`` if unreadable."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        im.load()
+        try:
+            im = ImageOps.exif_transpose(im)
+        except Exception:  # a broken EXIF block is not a broken image
+            pass
+        mode = im.mode
+        if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+            a = np.asarray(im, dtype=np.float64)
+            top = 65535.0 if a.max() > 255 or mode.startswith("I;16") else 255.0
+            a8 = np.clip(np.round(a / top * 255.0), 0, 255).astype(np.uint8)
+            im = Image.fromarray(a8, mode="L")
+        elif mode == "F":
+            a = np.asarray(im, dtype=np.float64)
+            top = 1.0 if a.max() <= 1.0 else 255.0
+            im = Image.fromarray(np.clip(np.round(a / top * 255.0), 0, 255).astype(np.uint8), mode="L")
+        elif mode == "RGBA" or mode == "LA" or (mode == "P" and "transparency" in im.info):
+            im = im.convert("RGBA")
+        if im.mode != "RGB":
+            im = im.convert("RGB")
+        return im.copy()
+
+
+def digest_files(paths: list[Path], root: Path) -> str:
+    """A content hash of the chosen files (names relative to ``root`` plus bytes)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p.relative_to(root)).encode())
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
