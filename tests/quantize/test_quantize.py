@@ -158,3 +158,31 @@ def test_calibration_data_that_does_not_fit_the_model(vit17, bert, tmp_path):
     with pytest.raises(BadInput, match="holds float32"):
         quantize_int8(bert.path, tmp_path / "b.onnx", floats, recipe("orin"), tmp_path)
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "b.onnx").exists()
+
+
+def test_attention_probabilities_keep_their_exact_range(vit17, tmp_path):
+    # entropy clips long tails; applied to softmax outputs it would cut the few large probabilities
+    quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
+                  recipe("orin", NO_FALLBACK, "calibration.method=entropy"), tmp_path)
+    table = json.loads((tmp_path / "calibration.json").read_text())["tensors"]
+    probs = {k: v for k, v in table.items() if "Softmax" in k}
+    assert len(probs) == 2
+    for v in probs.values():
+        assert v["amax"] == v["max"] and 0 < v["max"] <= 1.0 and v["min"] >= 0.0
+
+
+def test_parity_uses_float_qdq_semantics_except_on_cpu(vit17, tmp_path, monkeypatch):
+    import vitexport.quantize.int8 as int8
+
+    seen = []
+    real = int8.evaluate
+
+    def spy(*a, **kw):
+        seen.append(kw.get("fused"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(int8, "evaluate", spy)
+    for name in ("orin", "npu", "cpu"):
+        quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, recipe(name, NO_FALLBACK), tmp_path / name,
+                      parity_feeds=vit17.feeds[:4], reference=vit17.reference[:4])
+    assert seen == [False, False, True]

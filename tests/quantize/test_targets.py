@@ -146,3 +146,32 @@ def test_placement_checker_catches_violations(vit17, tmp_path):
     zp = idx.initializers[q.input[2]]
     zp.CopyFrom(numpy_helper.from_array(np.asarray(3, np.int8), zp.name))
     assert any("zero point" in p for p in check_placement(m, TargetKind.orin))
+
+
+@pytest.mark.parametrize("name", ["orin", "npu", "cpu"])
+def test_qdq_only_where_the_target_allows(vit17, outlier_vit13, tmp_path, name):
+    case = outlier_vit13 if name == "npu" else vit17
+    m, _ = _quantize(case, tmp_path, name)
+    idx = GraphIndex(m)
+    for n in idx.nodes:
+        if n.op_type == "QuantizeLinear":
+            assert {c.op_type for c, _ in idx.consumers[n.output[0]]} == {"DequantizeLinear"}
+        if n.op_type == "DequantizeLinear":
+            consumers = {c.op_type for c, _ in idx.consumers[n.output[0]]}
+            assert consumers <= {"MatMul", "Gemm", "Conv"}, (n.name, consumers)
+
+
+def test_npu_refuses_a_float16_model(vit17, tmp_path):
+    from onnx import TensorProto, helper
+
+    from vitexport.errors import ContractViolation
+
+    m = onnx.load(str(vit17.path))
+    first = next(n for n in m.graph.node if "x" in n.input)
+    first.input[list(first.input).index("x")] = "x_f32"
+    m.graph.node.insert(0, helper.make_node("Cast", ["x"], ["x_f16"], to=TensorProto.FLOAT16, name="to16"))
+    m.graph.node.insert(1, helper.make_node("Cast", ["x_f16"], ["x_f32"], to=TensorProto.FLOAT, name="to32"))
+    path = tmp_path / "f16.onnx"
+    onnx.save(m, str(path))
+    with pytest.raises(ContractViolation, match="float16"):
+        quantize_int8(path, tmp_path / "q.onnx", vit17.calib, recipe("npu"), tmp_path)

@@ -8,6 +8,7 @@ from .data import (
     random_samples,
 )
 from .observers import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, Range, make_observer
+from .table import ScaleTable, read_trt_cache, write_trt_cache
 
 __all__ = [
     "SampleSet",
@@ -21,4 +22,7 @@ __all__ = [
     "MinMaxObserver",
     "ChannelAbsMaxObserver",
     "make_observer",
+    "ScaleTable",
+    "write_trt_cache",
+    "read_trt_cache",
 ]

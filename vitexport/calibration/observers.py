@@ -21,7 +21,7 @@ import numpy as np
 
 from ..recipe import CalibrationMethod
 
-__all__ = ["Range", "HistogramObserver", "ChannelAbsMaxObserver", "make_observer"]
+__all__ = ["Range", "HistogramObserver", "MinMaxObserver", "ChannelAbsMaxObserver", "make_observer"]
 
 
 @dataclass(frozen=True)

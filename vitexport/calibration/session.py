@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = [
     "SPLIT_MIN_BYTES", "load_split", "split_weights", "placeholder", "is_placeholder", "materialize", "FloatSession",
     "session_options",
+    "release_memory",
 ]
 
 SPLIT_MIN_BYTES = 16 << 10
@@ -138,3 +139,13 @@ class FloatSession:
         full = {k: v for k, v in feed.items() if k in self.data_inputs}
         full.update(self.weight_feed)
         return self.session.run(names, full)
+
+
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them after large frees); no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from ..calibration.collect import make_session
-from ..calibration.session import FloatSession, materialize
+from ..calibration.session import FloatSession, materialize, release_memory
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
 from .convert import to_qdq
@@ -45,6 +45,8 @@ def run_outputs(model: onnx.ModelProto | bytes, feeds: list[dict[str, np.ndarray
                             config={} if fused else {"session.disable_quant_qdq": "1"})
         names = {i.name for i in sess.get_inputs()}
         out = [sess.run(None, {k: v for k, v in f.items() if k in names})[0] for f in feeds]
+        del sess
+        release_memory()
     return np.concatenate(out, axis=0).astype(np.float32)
 
 

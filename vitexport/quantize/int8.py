@@ -13,12 +13,12 @@ import onnx
 from ..calibration.collect import collect, model_batches, static_batch
 from ..calibration.data import NpzSamples, SampleSet
 from ..calibration.observers import ChannelAbsMaxObserver, make_observer
-from ..calibration.session import load_split
+from ..calibration.session import load_split, release_memory
 from ..calibration.table import ScaleTable, write_trt_cache
-from ..errors import BadInput
+from ..errors import BadInput, ContractViolation
 from ..io import atomic_path, sha256_file
 from ..parity.metrics import CompareResult
-from ..recipe import Recipe, TargetKind
+from ..recipe import CalibrationMethod, Recipe, TargetKind
 from .convert import INT8_MAX, to_qdq
 from .equalize import apply_equalization, compute_factors, find_sites
 from .fallback import evaluate, rank_sensitivity, run_outputs, search_fallback
@@ -108,14 +108,32 @@ def _calibrate(model: onnx.ModelProto, index: GraphIndex, plan: QuantPlan, calib
     log.debug("calibrating %d tensor(s) with %s", len(tensors), cal.method.value)
     seen = collect(model, calib, observers, batch_size=cal.batch_size, budget_bytes=budget, weights=index.arrays,
                    bytes_per_sample={t: index.nbytes(t) for t in tensors}, description=f"calibrating ({cal.method.value})")
+    # attention probabilities: a clipping method (entropy especially) squeezes the few large
+    # probabilities that matter; their exact range ([0, max] with max ≤ 1) costs nothing
+    probs = {t for t in tensors if _produced_by(index, t, "Softmax")}
     table_tensors = {}
     for t in tensors:
-        r = observers[t][0].compute(cal.method, cal.percentile)
+        method = CalibrationMethod.minmax if t in probs else cal.method
+        r = observers[t][0].compute(method, cal.percentile)
         table_tensors[t] = {"amax": r.amax, "scale": max(r.amax, 1e-30) / INT8_MAX, "lo": r.lo, "hi": r.hi,
                             "min": r.min, "max": r.max}
     del observers
     table = ScaleTable(cal.method.value, int(seen), "", calib.fingerprint(), {}, table_tensors, factors)
     return table, index, plan
+
+
+def _produced_by(index: GraphIndex, tensor: str, op_type: str) -> bool:
+    """Whether ``tensor`` comes from an ``op_type`` node, looking through value-preserving ops."""
+    for _ in range(4):
+        p = index.producer.get(tensor)
+        if p is None:
+            return False
+        if p.op_type == op_type:
+            return True
+        if p.op_type not in ("Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"):
+            return False
+        tensor = p.input[0]
+    return False
 
 
 def _apply_table_equalization(model: onnx.ModelProto, index: GraphIndex, plan: QuantPlan, table: ScaleTable,
@@ -237,6 +255,11 @@ def quantize_int8(
     log.debug("loaded")
     target = get_target(recipe)
     index = GraphIndex(model, arrays=arrays)
+    if target.forbid_float16:
+        f16 = [n for n, (_, et) in index.shapes.items() if et == onnx.TensorProto.FLOAT16]
+        if f16:
+            raise ContractViolation(f"{fp32_path}: the {target.kind.value} target allows no float16, "
+                                    f"but the model has float16 tensors ({', '.join(f16[:3])})")
     plan = target.annotate(index)
     report = QuantReport(target.kind.value, cal.method.value, 0, False, 0, 0, 0)
     if not plan.nodes:
@@ -337,6 +360,11 @@ def quantize_int8(
         cache = work_dir / "calibration.cache"
         write_trt_cache(cache, {t: ranges[t]["amax"] / INT8_MAX for t in final_plan.tensors()}, header)
         report.artifacts["calibration_cache"] = str(cache)
+        if report.equalized:
+            report.notes.append(
+                "calibration.cache holds the scales of the equalised graph (the factors are folded into "
+                "model.int8.onnx); it does not fit the un-equalised float model"
+            )
 
     if q.measure_latency and plan.nodes:
         from .bench import latency_ratio
@@ -344,7 +372,7 @@ def quantize_int8(
         feed = next(iter(model_batches(calib, 1, _static_or_one(qdq))))
         # the timing sessions hold their own weights: drop ours first (peak memory)
         del model, arrays, index, qdq
-        _release_memory()
+        release_memory()
         log.debug("timing FP32 vs INT8")
         lat = latency_ratio(fp32_path, out_path, feed, threads=2, runs=10, budget_s=6.0)
         report.latency = lat
@@ -362,16 +390,6 @@ def _load(path: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         return load_split(path)
     except Exception as exc:  # onnx raises DecodeError / OSError / ValueError
         raise BadInput(f"{path}: not a readable ONNX model ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})") from None
-
-
-def _release_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them after large frees); no-op elsewhere."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _static_or_one(model: onnx.ModelProto) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..recipe import QuantizationSpec, Recipe, TargetKind
-from .graph import PASS_THROUGH_OPS, GraphIndex
+from .graph import GraphIndex
 
 __all__ = [
     "ActInput",
