@@ -19,6 +19,7 @@ __all__ = [
     "SPLIT_MIN_BYTES", "load_split", "split_weights", "placeholder", "is_placeholder", "materialize", "FloatSession",
     "session_options",
     "release_memory",
+    "spill_to_disk",
 ]
 
 SPLIT_MIN_BYTES = 16 << 10
@@ -149,3 +150,30 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def spill_to_disk(arrays: dict[str, np.ndarray], path: str | Path, min_total: int = 64 << 20) -> bool:
+    """Move ``arrays`` into one file and replace them, in place, by read-only memory maps.
+
+    Pages are read back only when something touches them, so a phase that does not need the float
+    weights (evaluating the INT8 model) runs without them resident. Nothing is done below
+    ``min_total`` bytes. The caller deletes ``path`` when done (an open map survives the unlink).
+
+    Returns:
+        Whether the arrays were spilled.
+    """
+    if sum(a.nbytes for a in arrays.values()) < min_total:
+        return False
+    path = Path(path)
+    layout: dict[str, tuple[int, tuple[int, ...]]] = {}
+    with open(path, "wb") as fh:
+        offset = 0
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            a.tofile(fh)
+            layout[name] = (offset, a.shape)
+            offset += a.nbytes
+    for name, (offset, shape) in layout.items():
+        arrays[name] = np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+    release_memory()
+    return True

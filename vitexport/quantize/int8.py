@@ -2,7 +2,9 @@
 parity → fall back layer by layer if needed → write the artifacts atomically."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import onnx
 from ..calibration.collect import collect, model_batches, static_batch
 from ..calibration.data import NpzSamples, SampleSet
 from ..calibration.observers import ChannelAbsMaxObserver, make_observer
-from ..calibration.session import load_split, release_memory
+from ..calibration.session import load_split, release_memory, spill_to_disk
 from ..calibration.table import ScaleTable, write_trt_cache
 from ..errors import BadInput, ContractViolation
 from ..io import atomic_path, sha256_file
@@ -30,6 +32,9 @@ __all__ = ["QuantReport", "quantize_int8", "check_placement"]
 log = logging.getLogger("vitexport.quantize")
 
 _TABLE_FORMAT = 1  # bump when what a table means changes
+#: above this many float parameters (ViT-S has 22 M, ViT-B 86 M) quantize_int8 does not time the
+#: models itself: two extra ONNX Runtime sessions of a ViT-B cost ~0.7 GB and half a minute
+_MAX_TIMED_PARAMS = 40_000_000
 
 
 @dataclass
@@ -247,12 +252,25 @@ def quantize_int8(
         BadInput: unreadable model, calibration data that does not fit the model.
     """
     fp32_path, out_path, work_dir = Path(fp32_path), Path(out_path), Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spill_path = work_dir / f".fp32-weights-{os.getpid()}.bin"
+    try:
+        return _quantize_int8(fp32_path, out_path, calib, recipe, work_dir, parity_feeds, reference, spill_path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            spill_path.unlink()
+
+
+def _quantize_int8(fp32_path: Path, out_path: Path, calib: SampleSet, recipe: Recipe, work_dir: Path,
+                   parity_feeds: list[dict[str, np.ndarray]] | None, reference: np.ndarray | None,
+                   spill_path: Path) -> QuantReport:
     cal, q = recipe.calibration, recipe.quantization
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
     log.debug("loading %s", fp32_path)
     model, arrays = _load(fp32_path)
     log.debug("loaded")
+    n_params = sum(int(a.size) for a in arrays.values())
     target = get_target(recipe)
     index = GraphIndex(model, arrays=arrays)
     if target.forbid_float16:
@@ -318,6 +336,14 @@ def quantize_int8(
             log.debug("float reference")
             ref = run_outputs(model, feeds, arrays=index.arrays)
             report.notes.append("parity reference: the float ONNX model's outputs (no torch reference given)")
+        # the float weights are not needed to evaluate the INT8 model: park them on disk meanwhile
+        try:
+            if spill_to_disk(index.arrays, spill_path):
+                log.debug("float weights spilled to %s", spill_path)
+        except OSError as exc:  # a full disk only costs memory here
+            log.debug("could not spill the float weights: %s", exc)
+            with contextlib.suppress(OSError):
+                spill_path.unlink()
         log.debug("parity of the INT8 model")
         fused = target.runs_in_onnxruntime
         first = evaluate(qdq, feeds, ref, tol, fused=fused)
@@ -366,7 +392,12 @@ def quantize_int8(
                 "model.int8.onnx); it does not fit the un-equalised float model"
             )
 
-    if q.measure_latency and plan.nodes:
+    if q.measure_latency and plan.nodes and n_params > _MAX_TIMED_PARAMS:
+        report.notes.append(
+            f"latency not measured here ({n_params / 1e6:.0f} M parameters: timing would cost more memory and time "
+            "than quantizing); vitexport.quantize.latency_ratio() measures it"
+        )
+    elif q.measure_latency and plan.nodes:
         from .bench import latency_ratio
 
         feed = next(iter(model_batches(calib, 1, _static_or_one(qdq))))
