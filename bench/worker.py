@@ -20,7 +20,15 @@ __all__ = ["TASKS", "main", "select_calibration", "vm_hwm_bytes"]
 
 
 def vm_hwm_bytes() -> int:
-    """This process's peak resident memory, from the kernel's high-water mark."""
+    """This process's peak resident memory: the kernel's high-water mark, and every mark vitexport's
+    per-stage meter read before resetting it (:mod:`vitexport.memory`)."""
+    import sys as _sys
+
+    mem = _sys.modules.get("vitexport.memory")
+    if mem is not None:
+        peak = mem.process_peak_bytes()
+        if peak:
+            return int(peak)
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -102,8 +110,12 @@ def task_vitexport(a: dict) -> dict:
         man = json.loads(manifest.read_text())
         stage_seconds = stage_seconds or {k: v["seconds"] for k, v in man.get("stages", {}).items()}
         resumed = resumed or man.get("resumed_stages", [])
+    stage_peaks: dict[str, int] = {}
+    if manifest.is_file():
+        stage_peaks = {k: v["peak_rss_bytes"] for k, v in man.get("stages", {}).items() if v.get("peak_rss_bytes")}
     files = {n: str(out / n) for n in ("model.raw.onnx", "model.fp32.onnx", "model.int8.onnx") if (out / n).is_file()}
-    return {"seconds": seconds, "stage_seconds": stage_seconds, "gate_failure": gate, "files": files, "resumed": resumed}
+    return {"seconds": seconds, "stage_seconds": stage_seconds, "stage_peak_bytes": stage_peaks, "gate_failure": gate,
+            "files": files, "resumed": resumed}
 
 
 class _NpzReader:

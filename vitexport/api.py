@@ -140,7 +140,8 @@ def export(
     existed = out_dir.exists()
     try:
         return run_pipeline(model, recipe, out_dir, calib=calib_set, parity_data=parity_set,
-                            data_note="; ".join(notes), layers=layers, resume=resume, log=log)
+                            data_note="; ".join(notes), layers=layers, resume=resume, log=log,
+                            keep_source=layers)  # the model was loaded for this run: the pipeline may consume it
     except BadInput:
         # A bad input found mid-run (a contract violation, say) leaves no half-made folder behind.
         if not existed:

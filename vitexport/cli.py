@@ -86,6 +86,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step (calibration passes, parity runs) with times")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     e = sub.add_parser("export", help=cmd_export.__doc__, description=cmd_export.__doc__)
@@ -123,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import VitexportError
+
+    if args.verbose:
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        pkg = logging.getLogger("vitexport")
+        pkg.addHandler(handler)
+        pkg.setLevel(logging.DEBUG)
 
     try:
         return args.func(args)

@@ -174,6 +174,11 @@ class FallbackSpec(_Spec):
 class QuantizationSpec(_Spec):
     equalize: bool = True
     equalize_alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    equalize_samples: int = Field(
+        default=64, ge=1,
+        description="calibration samples whose per-channel maxima set the equalisation factors (the first of the "
+                    "seeded draw; the factors only balance channels, so a subset serves and saves a pass over the set)",
+    )
     asymmetric_activations: bool = False
     per_channel_weights: bool = True
     quantize_attention_matmuls: bool = True

@@ -66,6 +66,19 @@ def test_npz_single_input(tmp_path):
     np.testing.assert_array_equal(got, x)
 
 
+def test_head_is_the_first_samples_across_batches(tmp_path):
+    x = np.random.default_rng(0).standard_normal((10, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(10))
+    s = load_samples(tmp_path / "d.npz", EX)
+    h = s.head(7)
+    assert len(h) == 7 and h.labels.tolist() == list(range(7)) and h.input_names == ["x"]
+    got = [b["x"] for b in h.batches(3)]
+    assert [len(b) for b in got] == [3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate(got), x[:7])
+    assert h.fingerprint() != s.fingerprint() and h.fingerprint() == s.head(7).fingerprint()
+    assert s.head(10) is s and s.head(50) is s
+
+
 def test_npz_multi_input_with_padding_mask(tmp_path):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 100, (12, 16))

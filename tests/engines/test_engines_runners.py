@@ -130,6 +130,11 @@ def test_tensorrt_is_imported_lazily():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False False False"
     assert isinstance(tensorrt_available(), bool)
+    # ONNX-only work (quantize, calibrate, compare two ONNX files) does not import torch either
+    code = "import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.engines; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
     assert issubclass(TensorRTRunner, BaseRunner) and TensorRTRunner.engine == "tensorrt"
 
 
@@ -148,3 +153,38 @@ def test_tensorrt_runner_matches_onnxruntime(net_and_onnx, tmp_path):  # pragma:
     (tmp_path / "net.plan").write_bytes(bytes(plan))
     with TensorRTRunner(tmp_path / "net.plan") as r, OnnxRuntimeRunner(path) as o:
         np.testing.assert_allclose(r.infer(feed)["output"], o.infer(feed)["output"], rtol=1e-3, atol=1e-3)
+
+
+def _qdq_matmul(path):
+    """x → Q/DQ (scale 0.05) → MatMul with an int8 per-tensor weight → y (float)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(3).integers(-127, 128, (6, 4)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.float32(0.02), "w_s"),
+             numpy_helper.from_array(np.int8(0), "zp"), numpy_helper.from_array(np.float32(0.05), "x_s")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "zp"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "x_s", "zp"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "zp"], ["w_dq"]),
+             helper.make_node("MatMul", ["x_dq", "w_dq"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w.astype(np.float32) * np.float32(0.02)
+
+
+def test_ort_runner_config_runs_qdq_as_float(tmp_path):
+    """``config`` reaches the session; with QDQ_AS_FLOAT the runner computes exact fake quantization."""
+    from vitexport.engines import QDQ_AS_FLOAT
+
+    w = _qdq_matmul(tmp_path / "q.onnx")
+    x = np.random.default_rng(4).uniform(-3, 3, (3, 6)).astype(np.float32)
+    x_fq = np.clip(np.round(x / np.float32(0.05)), -128, 127).astype(np.float32) * np.float32(0.05)
+    with OnnxRuntimeRunner(tmp_path / "q.onnx", config=QDQ_AS_FLOAT) as r:
+        opts = r.session.get_session_options()
+        assert opts.get_session_config_entry("session.disable_quant_qdq") == "1"
+        y = r.infer({"x": x})["output"]
+    np.testing.assert_allclose(y, x_fq @ w, rtol=1e-5, atol=1e-5)
+    with OnnxRuntimeRunner(tmp_path / "q.onnx") as r:  # default: ONNX Runtime's own (fused) kernels
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            r.session.get_session_options().get_session_config_entry("session.disable_quant_qdq")

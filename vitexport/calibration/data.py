@@ -53,6 +53,35 @@ class SampleSet:
     def fingerprint(self) -> str:
         raise NotImplementedError
 
+    def head(self, n: int) -> SampleSet:
+        """The first ``n`` samples (a seeded draw's first ``n`` are a seeded draw too); ``self`` if fewer."""
+        return self if n >= len(self) else _Head(self, n)
+
+
+class _Head(SampleSet):
+    """The first ``n`` samples of another set, read lazily through its ``batches``."""
+
+    def __init__(self, base: SampleSet, n: int):
+        self.base, self.n = base, n
+        self.input_names = list(base.input_names)
+        self.labels = None if base.labels is None else base.labels[:n]
+        self.source = base.source
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        left = self.n
+        for feed in self.base.batches(batch_size):
+            if left <= 0:
+                return
+            take = min(left, len(next(iter(feed.values()))))
+            yield {k: v[:take] for k, v in feed.items()}
+            left -= take
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.base.fingerprint()}:head{self.n}".encode()).hexdigest()[:16]
+
 
 @dataclass
 class NpzSamples(SampleSet):

@@ -1,17 +1,38 @@
-"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT (lazy)."""
+"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT (lazy).
+
+``TorchRunner`` (and ``primary_output``) load on first use, so ONNX-only work — quantizing, comparing
+two ONNX files — never pays for importing torch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .base import BaseRunner, InputSpec
-from .ort_runner import OnnxRuntimeRunner
+from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from .reference_runner import OnnxReferenceRunner
-from .torch_runner import TorchRunner, primary_output
 from .trt_runner import TensorRTRunner, tensorrt_available
+
+if TYPE_CHECKING:
+    from .torch_runner import TorchRunner, primary_output
 
 __all__ = [
     "BaseRunner",
     "InputSpec",
     "TorchRunner",
     "OnnxRuntimeRunner",
+    "QDQ_AS_FLOAT",
     "OnnxReferenceRunner",
     "TensorRTRunner",
     "tensorrt_available",
     "primary_output",
 ]
+
+_LAZY = {"TorchRunner", "primary_output"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import torch_runner
+
+        return getattr(torch_runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,11 @@ import onnxruntime as ort
 
 from .base import BaseRunner, InputSpec
 
-__all__ = ["OnnxRuntimeRunner", "ORT_TYPES"]
+__all__ = ["OnnxRuntimeRunner", "ORT_TYPES", "QDQ_AS_FLOAT"]
+
+#: session config that runs QuantizeLinear/DequantizeLinear as float ops instead of fusing them into
+#: ONNX Runtime's x86 integer kernels: the fake-quantized arithmetic TensorRT or an NPU performs.
+QDQ_AS_FLOAT: dict[str, str] = {"session.disable_quant_qdq": "1"}
 
 ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -30,14 +34,18 @@ class OnnxRuntimeRunner(BaseRunner):
         threads: intra-op threads (0 lets ONNX Runtime decide).
         output_names: outputs to fetch (default: the graph outputs, first one named ``output``
             when the graph has a single output, so runners compare by name).
+        config: session config entries (``SessionOptions.add_session_config_entry``), e.g.
+            ``{"session.disable_quant_qdq": "1"}`` to run a Q/DQ graph as float ops (fake quantization,
+            what TensorRT or an NPU computes) instead of ONNX Runtime's fused x86 integer kernels.
     """
 
     engine = "onnxruntime"
 
     def __init__(self, model: str | Path | bytes, threads: int = 0, output_names: list[str] | None = None,
                  optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                 name: str | None = None):
+                 name: str | None = None, config: dict[str, str] | None = None):
         super().__init__(name)
+        self.config = dict(config or {})
         self.model = str(model) if isinstance(model, Path) else model
         self.threads = threads
         self.output_names = output_names
@@ -50,6 +58,8 @@ class OnnxRuntimeRunner(BaseRunner):
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = self.optimization
         opts.log_severity_level = 3
+        for key, value in self.config.items():
+            opts.add_session_config_entry(key, str(value))
         self.session = ort.InferenceSession(self.model, opts, providers=["CPUExecutionProvider"])
 
     def deactivate_impl(self) -> None:

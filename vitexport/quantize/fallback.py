@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from ..calibration.collect import make_session
+from ..engines.ort_runner import QDQ_AS_FLOAT
 from ..calibration.session import FloatSession, materialize, release_memory
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
@@ -42,7 +43,7 @@ def run_outputs(model: onnx.ModelProto | bytes, feeds: list[dict[str, np.ndarray
     else:
         # no arena: an unfused Q/DQ graph dequantizes its weights on every run (330 MB for a ViT-B)
         sess = make_session(model, threads=threads, low_memory=True,
-                            config={} if fused else {"session.disable_quant_qdq": "1"})
+                            config={} if fused else QDQ_AS_FLOAT)
         names = {i.name for i in sess.get_inputs()}
         out = [sess.run(None, {k: v for k, v in f.items() if k in names})[0] for f in feeds]
         del sess
@@ -107,7 +108,7 @@ def rank_sensitivity(model: onnx.ModelProto, index: GraphIndex, plan: QuantPlan,
                              plan.dedicated_pairs, plan.forbid_float16, plan.int32_bias, plan.weight_qmax)
         q_m, _ = to_qdq(float_m, sub_plan, {t: ranges[t] for t in acts}, sub_index)
         fs = make_session(float_m)
-        qs = make_session(q_m, config={} if fused else {"session.disable_quant_qdq": "1"})
+        qs = make_session(q_m, config={} if fused else QDQ_AS_FLOAT)
         noise = signal = 0.0
         for i in range(len(feeds)):
             feed = {t: values[t][i] for t in acts}

@@ -75,6 +75,7 @@ def _settings(recipe: Recipe, plan: QuantPlan) -> dict[str, Any]:
         "seed": cal.seed,
         "equalize": q.equalize,
         "equalize_alpha": q.equalize_alpha if q.equalize else None,
+        "equalize_samples": min(q.equalize_samples, cal.num_samples) if q.equalize else None,
         "quantize_attention_matmuls": q.quantize_attention_matmuls,
     }
 
@@ -99,7 +100,7 @@ def _calibrate(model: onnx.ModelProto, index: GraphIndex, plan: QuantPlan, calib
         if sites:
             obs = {s.tensor: [ChannelAbsMaxObserver()] for s in sites}
             log.debug("equalisation statistics for %d site(s)", len(sites))
-            collect(model, calib, obs, batch_size=cal.batch_size, budget_bytes=budget, weights=index.arrays,
+            collect(model, calib.head(q.equalize_samples), obs, batch_size=cal.batch_size, budget_bytes=budget, weights=index.arrays,
                     bytes_per_sample={t: index.nbytes(t) for t in obs}, description="equalisation statistics")
             arr = {s.tensor: compute_factors(index, s, obs[s.tensor][0].amax, q.equalize_alpha) for s in sites
                    if obs[s.tensor][0].amax is not None}
