@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from .errors import ArtifactWriteError
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file", "display_path"]
 
 
 @contextlib.contextmanager
@@ -73,3 +73,21 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def display_path(text: str) -> str:
+    """A path (or a ``scheme:PATH[:NAME]`` model URI) as reports show it: relative to the working
+    directory when inside it, so a committed report does not carry one machine's absolute paths."""
+    if not text:
+        return text
+    scheme, sep, rest = text.partition(":")
+    if sep and scheme.isalpha() and len(scheme) > 1:  # python:/a/b.py:build, hf:/a/dir
+        path, sep2, name = rest.partition(":") if scheme == "python" else (rest, "", "")
+        return f"{scheme}:{display_path(path)}{sep2}{name}"
+    p = Path(text)
+    if not p.is_absolute():
+        return text
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return text

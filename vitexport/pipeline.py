@@ -27,7 +27,7 @@ from .calibration import SampleSet
 from .calibration.session import release_memory
 from .engines import QDQ_AS_FLOAT, OnnxRuntimeRunner, TorchRunner, tensorrt_available
 from .errors import ParityFailure
-from .io import atomic_path, atomic_write_json, sha256_file
+from .io import atomic_path, atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .recipe import STAGE_NAMES, Recipe
@@ -183,7 +183,7 @@ def run_pipeline(
     arts.files["reference.npz"] = ref_path
     unmasked = _unmasked(reference)
 
-    run = ParityRun(model=model.uri, target=recipe.name, data=parity_data.source, stages=[], passed=True)
+    run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source), stages=[], passed=True)
     if data_note:
         run.notes.append(data_note)
     key = _hash(__version__, _module_hash(model.module, model.example_inputs), parity_data.fingerprint())
@@ -381,7 +381,7 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
     arts.parity = run
     manifest = {
         "vitexport": __version__,
-        "model": model.uri,
+        "model": display_path(model.uri),
         "target": recipe.name,
         "passed": run.passed,
         "versions": _versions(),
