@@ -28,7 +28,7 @@ from .calibration.session import release_memory
 from .engines import QDQ_AS_FLOAT, OnnxRuntimeRunner, TorchRunner, tensorrt_available
 from .errors import ParityFailure
 from .io import atomic_path, atomic_write_json, display_path, sha256_file
-from .memory import PeakMeter, process_peak_bytes
+from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .recipe import STAGE_NAMES, Recipe
 from .sources import LoadedModel
@@ -223,7 +223,7 @@ def run_pipeline(
         if not spec.enabled:
             run.skipped.append(stage)
             continue
-        _log.debug("stage %s", stage)
+        _log.debug("stage %s (resident %s)", stage, _gb(resident_bytes()))
         t0 = time.perf_counter()
         current, report = get_pass(stage)(current, model.example_inputs, spec, inplace=owned)
         owned = True
@@ -241,7 +241,7 @@ def run_pipeline(
     key = _hash(key, _module_hash(current, model.example_inputs), recipe.export.model_dump(mode="json"))
     raw = out_dir / "model.raw.onnx"
     if not reuse("export_onnx", key):
-        _log.debug("stage export_onnx")
+        _log.debug("stage export_onnx (resident %s)", _gb(resident_bytes()))
         gc.collect()  # the exporter holds about two more copies of the weights: start from a trimmed heap
         release_memory()
         t0 = time.perf_counter()
@@ -265,7 +265,7 @@ def run_pipeline(
     key = _hash(key, sha256_file(raw), recipe.contract.model_dump(mode="json"), recipe.export.simplify)
     fp32 = out_dir / "model.fp32.onnx"
     if not reuse("simplify", key):
-        _log.debug("stage simplify")
+        _log.debug("stage simplify (resident %s)", _gb(resident_bytes()))
         t0 = time.perf_counter()
         simp = simplify_onnx(raw, fp32, recipe)
         seconds = time.perf_counter() - t0
@@ -283,7 +283,7 @@ def run_pipeline(
         key = _hash(key, sha256_file(fp32), calib.fingerprint(), recipe.calibration.model_dump(mode="json"),
                     recipe.quantization.model_dump(mode="json"), recipe.target.value, recipe.tolerance("quantize_int8").model_dump(mode="json"))
         if not reuse("quantize_int8", key):
-            _log.debug("stage quantize_int8")
+            _log.debug("stage quantize_int8 (resident %s)", _gb(resident_bytes()))
             t0 = time.perf_counter()
             q = quantize_int8(fp32, int8, calib, recipe, out_dir, parity_feeds=reference.feeds, reference=reference.outputs["output"])
             seconds = time.perf_counter() - t0
@@ -340,6 +340,10 @@ def _add_layers(res: StageResult, model: LoadedModel, fp32: Path, int8: Path, re
     rep = localize_layers(model.module, reference.feeds, {"fp32": fp32, "int8": int8},
                           budget=recipe.tolerance("quantize_int8"), reference_layers=reference.layers)
     res.attach_layers(rep)
+
+
+def _gb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GB"
 
 
 def _next_meter(arts: Artifacts, stage: str, meter: PeakMeter) -> PeakMeter:

@@ -1,6 +1,7 @@
 """Calibration: data readers (images, npz), streaming observers, scale tables and TensorRT caches."""
 from .data import (
     ImageFolderSamples,
+    NpzFileSamples,
     NpzSamples,
     SampleSet,
     UnreadableImagesWarning,
@@ -13,6 +14,7 @@ from .table import ScaleTable, read_trt_cache, write_trt_cache
 __all__ = [
     "SampleSet",
     "NpzSamples",
+    "NpzFileSamples",
     "ImageFolderSamples",
     "UnreadableImagesWarning",
     "load_samples",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ..errors import BadInput
+from .npz import NpzMember, open_members
 from .images import ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "SampleSet",
     "NpzSamples",
+    "NpzFileSamples",
     "ImageFolderSamples",
     "UnreadableImagesWarning",
     "load_samples",
@@ -154,7 +156,9 @@ def _as_numpy(v) -> np.ndarray:
     return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
 
 
-def _check_shapes(arrays: dict[str, np.ndarray], example: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+def _check_shapes(arrays: dict[str, NpzMember | np.ndarray], example: dict[str, np.ndarray],
+                  path: Path) -> tuple[dict[str, NpzMember | np.ndarray], dict[str, np.dtype]]:
+    """The file's array for each model input (checked: shape, dtype kind) and the dtype it becomes."""
     names = list(example)
     if len(names) == 1 and names[0] not in arrays:
         # a single-input model accepts the file's only array (or one named 'x') whatever its name
@@ -165,46 +169,88 @@ def _check_shapes(arrays: dict[str, np.ndarray], example: dict[str, np.ndarray],
     missing = [n for n in names if n not in arrays]
     if missing:
         raise BadInput(f"{path}: no array for model input(s) {missing}; the file has {sorted(arrays)}")
-    out = {}
+    out, want = {}, {}
     for n in names:
-        a, want = arrays[n], tuple(example[n].shape)
-        if a.ndim != len(want) or tuple(a.shape[1:]) != want[1:]:
+        a, shape = arrays[n], tuple(example[n].shape)
+        if a.ndim != len(shape) or tuple(a.shape[1:]) != shape[1:]:
             raise BadInput(
-                f"{path}: array '{n}' has shape {tuple(a.shape)}, the model input wants (N, {', '.join(map(str, want[1:]))})"
+                f"{path}: array '{n}' has shape {tuple(a.shape)}, the model input wants (N, {', '.join(map(str, shape[1:]))})"
             )
         want_dt = np.asarray(example[n]).dtype
         if np.issubdtype(want_dt, np.integer) and not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
             raise BadInput(f"{path}: array '{n}' holds {a.dtype} values, the model input wants integers ({want_dt})")
-        if a.dtype.kind in "fc" and a.size and not np.isfinite(a).all():
-            raise BadInput(f"{path}: array '{n}' holds NaN or infinite values")
-        out[n] = a.astype(want_dt, copy=False)
+        out[n], want[n] = a, want_dt
     lengths = {a.shape[0] for a in out.values()}
     if len(lengths) != 1:
         raise BadInput(f"{path}: inputs have different sample counts {sorted(lengths)}")
-    return out
+    return out, want
 
 
-def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int) -> NpzSamples:
+def _take(a: NpzMember | np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return a.rows(idx) if isinstance(a, NpzMember) else a[idx]
+
+
+class NpzFileSamples(SampleSet):
+    """Samples of an ``.npz`` file, read from disk batch by batch (:mod:`.npz`): memory does not
+    grow with the number of samples. Batches, order and fingerprint equal those of an
+    :class:`NpzSamples` holding the same rows."""
+
+    def __init__(self, members: dict[str, NpzMember | np.ndarray], index: np.ndarray, dtypes: dict[str, np.dtype],
+                 labels: np.ndarray | None, source: str):
+        self.members, self.index, self.dtypes = members, np.asarray(index, np.int64), dtypes
+        self.input_names = list(members)
+        self.labels = labels
+        self.source = source
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(0, len(self.index), batch_size):
+            idx = self.index[i : i + batch_size]
+            yield {k: _take(a, idx).astype(self.dtypes[k], copy=False) for k, a in self.members.items()}
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for k in sorted(self.members):
+                a = self.members[k]
+                h.update(f"{k}:{self.dtypes[k].str}:{(len(self.index), *a.shape[1:])}".encode())
+                for i in range(0, len(self.index), _CHUNK):
+                    h.update(np.ascontiguousarray(_take(a, self.index[i : i + _CHUNK]).astype(self.dtypes[k], copy=False)).tobytes())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+
+_CHUNK = 16  # rows per read when a whole file is streamed (validation, fingerprint)
+
+
+def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int) -> NpzFileSamples:
     try:
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        arrays = open_members(p)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         msg = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise BadInput(f"{p}: not a readable .npz file ({msg})") from None
     if not arrays:
         raise BadInput(f"{p}: holds no arrays")
     labels = arrays.pop("y", None)
-    inputs = _check_shapes(arrays, example, p)
+    labels = None if labels is None else np.asarray(labels)
+    inputs, dtypes = _check_shapes(arrays, example, p)
     n = len(next(iter(inputs.values())))
     if n == 0:
         raise BadInput(f"{p}: holds no samples")
     if labels is not None and len(labels) != n:
         raise BadInput(f"{p}: 'y' has {len(labels)} labels for {n} samples")
+    for k, a in inputs.items():  # streamed: a chunk of rows at a time
+        if a.dtype.kind in "fc":
+            for i in range(0, n, _CHUNK):
+                if not np.isfinite(_take(a, np.arange(i, min(i + _CHUNK, n)))).all():
+                    raise BadInput(f"{p}: array '{k}' holds NaN or infinite values")
+    idx = np.arange(n)
     if num_samples is not None and num_samples < n:
         idx = np.sort(np.random.default_rng(seed).permutation(n)[:num_samples])
-        inputs = {k: v[idx] for k, v in inputs.items()}
-        labels = labels[idx] if labels is not None else None
-    return NpzSamples({k: np.ascontiguousarray(v) for k, v in inputs.items()}, labels, str(p))
+    return NpzFileSamples(inputs, idx, dtypes, labels[idx] if labels is not None else None, str(p))
 
 
 def _class_labels(files: list[Path], root: Path) -> np.ndarray | None:
