@@ -70,3 +70,22 @@ def test_render_shows_pairs_ratios_and_failures(plan):
     assert "0.9900 / 0.9000 (1.10×)" in md
     assert "exceeded 18.0 GB" in md and "error: RuntimeError: boom" in md
     assert md.index("## Headline") < md.index("## Machine")
+
+
+def test_latency_times_every_file_the_asked_number_of_times(tmp_path):
+    """Blocks of timed runs per round still give each file exactly ``runs`` timings."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    for name, op in (("a", "Relu"), ("b", "Sigmoid")):
+        g = helper.make_graph([helper.make_node(op, ["x"], ["y"])], name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / f"{name}.onnx"))
+    models = {"a": str(tmp_path / "a.onnx"), "b": str(tmp_path / "b.onnx")}
+    res = run_child("latency", {"models": models, "runs": 7, "warmup": 1, "threads": 1, "block": 3},
+                    cap_bytes=4 * GB, timeout_s=120)
+    assert res.ok, res.error
+    lat = res.data["latency"]
+    assert set(lat) == {"a", "b"} and all(v["runs"] == 7 for v in lat.values())
+    assert all(0 < v["p10_ms"] <= v["median_ms"] <= v["p90_ms"] for v in lat.values())
