@@ -21,23 +21,10 @@ __all__ = ["TASKS", "main", "select_calibration", "vm_hwm_bytes"]
 
 def vm_hwm_bytes() -> int:
     """This process's peak resident memory: the kernel's high-water mark, and every mark vitexport's
-    per-stage meter read before resetting it (:mod:`vitexport.memory`)."""
-    import sys as _sys
+    per-stage meter read before resetting it (:func:`vitexport.memory.process_peak_bytes`)."""
+    from vitexport.memory import process_peak_bytes
 
-    mem = _sys.modules.get("vitexport.memory")
-    if mem is not None:
-        peak = mem.process_peak_bytes()
-        if peak:
-            return int(peak)
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(process_peak_bytes() or 0)
 
 
 def select_calibration(n_total: int, num_samples: int, seed: int = 0) -> np.ndarray:

@@ -37,38 +37,53 @@ def process_peak_bytes() -> int | None:
     if hwm is None:
         try:
             import resource
+            import sys
 
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
         except (ImportError, OSError):
             return None
     return max(hwm, _seen_peak)
 
 
 class PeakMeter:
-    """Peak resident memory of one stretch of work: ``with PeakMeter() as m: ...; m.peak_bytes``.
+    """Peak resident memory of consecutive stretches of work.
 
-    Where the high-water mark cannot be reset, ``peak_bytes`` is the process peak so far (an upper
-    bound) and ``exact`` is False.
+    ``lap()`` returns the peak since the meter started or since the previous lap, and starts the
+    next stretch; ``with PeakMeter() as m: ...`` measures one stretch into ``m.peak_bytes``. Where
+    the high-water mark cannot be reset, a lap is the process peak so far (an upper bound) and
+    ``exact`` is False.
     """
 
     def __init__(self) -> None:
         self.peak_bytes: int | None = None
-        self.exact = False
+        self.exact = _reset()
 
-    def __enter__(self) -> PeakMeter:
-        global _seen_peak
-        before = _status_kb("VmHWM")
-        if before is not None:
-            _seen_peak = max(_seen_peak, before)
-            try:
-                _CLEAR_REFS.write_text("5")
-                self.exact = True
-            except OSError:
-                self.exact = False
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def lap(self) -> int | None:
         global _seen_peak
         self.peak_bytes = _status_kb("VmHWM")
         if self.peak_bytes is not None:
             _seen_peak = max(_seen_peak, self.peak_bytes)
+        self.exact = _reset()
+        return self.peak_bytes
+
+    def __enter__(self) -> PeakMeter:
+        self.exact = _reset()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lap()
+
+
+def _reset() -> bool:
+    """Remember the high-water mark, then reset it; False where it cannot be reset."""
+    global _seen_peak
+    before = _status_kb("VmHWM")
+    if before is None:
+        return False
+    _seen_peak = max(_seen_peak, before)
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True

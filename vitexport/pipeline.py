@@ -172,14 +172,14 @@ def run_pipeline(
 
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
-    meter = PeakMeter().__enter__()
+    meter = PeakMeter()
     _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
                                       source=parity_data.source, layers=True if layers else None)
     ref_path = out_dir / "reference.npz"
     reference.save(out_dir)
-    meter = _next_meter(arts, "reference", meter)
+    _record_peak(arts, "reference", meter.lap())
     arts.files["reference.npz"] = ref_path
     unmasked = _unmasked(reference)
 
@@ -189,8 +189,7 @@ def run_pipeline(
     key = _hash(__version__, _module_hash(model.module, model.example_inputs), parity_data.fingerprint())
 
     def finish(result: StageResult) -> None:
-        nonlocal meter
-        meter = _next_meter(arts, result.stage, meter)
+        _record_peak(arts, result.stage, meter.lap())
         run.stages.append(result)
         arts.stage_seconds[result.stage] = result.seconds
         log(_stage_line(result, arts.stage_peak_bytes.get(result.stage)))
@@ -242,8 +241,7 @@ def run_pipeline(
     raw = out_dir / "model.raw.onnx"
     if not reuse("export_onnx", key):
         _log.debug("stage export_onnx (resident %s)", _gb(resident_bytes()))
-        gc.collect()  # the exporter holds about two more copies of the weights: start from a trimmed heap
-        release_memory()
+        _trim()  # the exporter holds about two more copies of the weights: start from a trimmed heap
         t0 = time.perf_counter()
         exp = export_onnx(current, model.example_inputs, raw, recipe.export)
         seconds = time.perf_counter() - t0
@@ -259,8 +257,7 @@ def run_pipeline(
     del current
     if not keep_source:
         model.module = None  # type: ignore[assignment]  # rewritten and exported: nothing reads it again
-    gc.collect()
-    release_memory()
+    _trim()
 
     key = _hash(key, sha256_file(raw), recipe.contract.model_dump(mode="json"), recipe.export.simplify)
     fp32 = out_dir / "model.fp32.onnx"
@@ -342,16 +339,19 @@ def _add_layers(res: StageResult, model: LoadedModel, fp32: Path, int8: Path, re
     res.attach_layers(rep)
 
 
+def _trim() -> None:
+    """Collect cycles (torch modules hold some) and hand the freed heap back to the OS."""
+    gc.collect()
+    release_memory()
+
+
 def _gb(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.2f} GB"
 
 
-def _next_meter(arts: Artifacts, stage: str, meter: PeakMeter) -> PeakMeter:
-    """Close ``meter`` on ``stage`` (recording its peak) and start the next stage's."""
-    meter.__exit__(None, None, None)
-    if meter.peak_bytes is not None:
-        arts.stage_peak_bytes[stage] = meter.peak_bytes
-    return PeakMeter().__enter__()
+def _record_peak(arts: Artifacts, stage: str, peak: int | None) -> None:
+    if peak is not None:
+        arts.stage_peak_bytes[stage] = peak
 
 
 def _stage_line(res: StageResult, peak: int | None = None) -> str:
@@ -360,7 +360,7 @@ def _stage_line(res: StageResult, peak: int | None = None) -> str:
     changed = f" changed={res.changed}" if res.changed is not None else ""
     extra = f" top1={m.top1_agreement:.4f}" if m.top1_agreement is not None else ""
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
-    return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} ({res.seconds:.2f}s{f', peak {peak / 2**30:.2f} GB' if peak else ''})"
+    return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} ({res.seconds:.2f}s{f', peak {_gb(peak)}' if peak else ''})"
 
 
 def _versions() -> dict[str, str]:

@@ -146,6 +146,7 @@ def test_rewritten_models_survive_pickle_and_deepcopy(name):
     buf = io.BytesIO()
     torch.save(model, buf)
     buf.seek(0)
+    # a whole nn.Module (what users torch.save) can only be unpickled; the bytes are this test's own
     loaded = torch.load(buf, weights_only=False)
     clone = copy.deepcopy(loaded)
     for m in clone.modules():  # a swapped forward follows the copy, never the original instance

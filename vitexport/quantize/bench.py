@@ -68,23 +68,11 @@ def latency_ratio(fp32: str | Path | bytes, int8: str | Path | bytes, feed: dict
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (MB) so far.
+    """This process's peak resident memory (MB) so far (:func:`vitexport.memory.process_peak_bytes`:
+    ``VmHWM``, which starts afresh at ``exec``, unlike ``ru_maxrss``)."""
+    from ..memory import process_peak_bytes
 
-    Linux: ``VmHWM`` of ``/proc/self/status``, which belongs to the address space and starts afresh
-    at ``exec`` (``ru_maxrss`` does not: it keeps the parent's peak across fork + exec, so a child
-    started by a big parent would report the parent's figure).
-    """
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 1024.0 if sys.platform != "darwin" else r / (1024.0 * 1024.0)
+    return (process_peak_bytes() or 0) / 2**20
 
 
 _CHILD = r"""
