@@ -1,22 +1,38 @@
-"""The staged pipeline through the Python API: ownership of the source model, the INT8 gate's runtime."""
+"""The stage loop through the Python API: ownership of the source model, the INT8 gate's runtime,
+resume, failure, and the stages a target contributes."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+import pytest
 import torch
 
 from vitexport.api import prepare
-from vitexport.pipeline import run_pipeline
+from vitexport.engines import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from vitexport.errors import ParityFailure
+from vitexport.io import sha256_file
+from vitexport.pipeline import STATE_FILE, run_pipeline
+from vitexport.recipe import Recipe, StageName
+from vitexport.stages import INT8_ONNX, Contribution, RunContext, StageOutput, pipeline_stages
 
 FAST = ("calibration.num_samples=16", "parity_data.synthetic_samples=8", "quantization.measure_latency=false")
+KEYED = [StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
 
 
-def _run(tiny_vit_file, out, target="orin", keep_source=True):
-    model, recipe, calib, parity, notes = prepare(f"python:{tiny_vit_file}:build_with_inputs", target, overrides=FAST)
+def _run(tiny_vit_file, out, target="orin", keep_source=True, overrides=(), **kw):
+    model, recipe, calib, parity, notes = prepare(f"python:{tiny_vit_file}:build_with_inputs", target,
+                                                  overrides=(*FAST, *overrides))
     before = {k: v.clone() for k, v in model.module.state_dict().items()}
-    arts = run_pipeline(model, recipe, out, calib=calib, parity_data=parity, keep_source=keep_source)
+    arts = run_pipeline(model, recipe, out, calib=calib, parity_data=parity, keep_source=keep_source, **kw)
     return model, before, arts
+
+
+def _stages(out: Path) -> dict[str, dict]:
+    return {s["stage"]: s for s in json.loads((out / "parity.json").read_text())["stages"]}
 
 
 def test_kept_source_is_untouched(tiny_vit_file, tmp_path):
@@ -48,3 +64,100 @@ def test_int8_gate_runs_the_targets_arithmetic(tiny_vit_file, tmp_path):
     assert "session.disable_quant_qdq" in int8_notes(tmp_path / "orin")
     assert "session.disable_quant_qdq" not in int8_notes(tmp_path / "cpu")
     assert np.load(tmp_path / "orin" / "reference.npz").files  # the golden reference was written
+    # orin contributes build_engine.sh (beside the Q/DQ model) and the engine stage (no TensorRT
+    # here: a run note); cpu contributes neither
+    orin = json.loads((tmp_path / "orin" / "parity.json").read_text())
+    cpu = json.loads((tmp_path / "cpu" / "parity.json").read_text())
+    assert (tmp_path / "orin" / "build_engine.sh").is_file() and not (tmp_path / "cpu" / "build_engine.sh").exists()
+    assert "build_engine.sh" in _stages(tmp_path / "orin")["quantize_int8"]["artifacts"]
+    assert any(n.startswith("build_engine: TensorRT or a GPU is not available") for n in orin["notes"])
+    assert not any("build_engine" in n for n in cpu["notes"]) and "build_engine" not in cpu["skipped"]
+
+
+def test_rerun_resumes_keyed_stages_and_reruns_what_changed(tiny_vit_file, tmp_path):
+    """A finished run resumes every keyed stage to the same bytes; a damaged artifact reruns its
+    stage only (the next stage's key still matches), and a changed setting reruns from its stage."""
+    out = tmp_path / "o"
+    _, _, first = _run(tiny_vit_file, out)
+    digests = {n: sha256_file(out / n) for n in ("model.raw.onnx", "model.fp32.onnx", INT8_ONNX, "build_engine.sh")}
+    assert first.resumed == [] and set(json.loads((out / STATE_FILE).read_text())) == set(KEYED)
+
+    _, _, again = _run(tiny_vit_file, out)
+    assert again.passed and again.resumed == KEYED
+    assert {n: sha256_file(out / n) for n in digests} == digests
+    assert all("resumed:" in s["notes"][-1] for name, s in _stages(out).items() if name in KEYED)
+    assert json.loads((out / "manifest.json").read_text())["resumed_stages"] == KEYED
+
+    (out / "model.fp32.onnx").write_bytes(b"damaged")
+    _, _, repaired = _run(tiny_vit_file, out)
+    assert repaired.resumed == [StageName.export_onnx, StageName.quantize_int8]
+    assert sha256_file(out / "model.fp32.onnx") == digests["model.fp32.onnx"]
+
+    _, _, changed = _run(tiny_vit_file, out, overrides=("calibration.percentile=99.9",))
+    assert changed.resumed == [StageName.export_onnx, StageName.simplify]
+
+    _, _, fresh = _run(tiny_vit_file, out, resume=False)
+    assert fresh.resumed == [] and sha256_file(out / "model.fp32.onnx") == digests["model.fp32.onnx"]
+
+
+def test_a_failed_gate_raises_with_stage_and_metric_after_writing_reports(tiny_vit_file, tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(ParityFailure) as exc:
+        _run(tiny_vit_file, out, overrides=("parity.simplify.cosine_min=1.5",))  # a cosine never reaches 1.5
+    assert (exc.value.stage, exc.value.metric, exc.value.limit, exc.value.op) == ("simplify", "cosine_min", 1.5, ">=")
+    doc = json.loads((out / "parity.json").read_text())
+    assert doc["passed"] is False and doc["failed_stage"] == "simplify" and doc["failed_metric"] == "cosine_min"
+    assert [s["stage"] for s in doc["stages"]][-2:] == ["export_onnx", "simplify"]  # nothing ran after it
+    assert not (out / INT8_ONNX).exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["passed"] is False and "model.fp32.onnx" in manifest["artifacts"]
+
+
+class _FloatQdqEngine:
+    """An engine stage a runtime could contribute: cpu's Q/DQ model run as float Q/DQ ops (what a
+    fake-quantizing runtime computes), where cpu's own gate runs ONNX Runtime's integer kernels."""
+
+    name: ClassVar[StageName] = StageName.build_engine
+    needs_torch: ClassVar[bool] = False
+
+    def enabled(self, recipe: Recipe) -> bool:
+        return recipe.stages.build_engine.enabled
+
+    def key(self, ctx: RunContext) -> None:
+        return None
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        engine = ctx.out_dir / "model.engine.onnx"
+        shutil.copy(ctx.files[INT8_ONNX], engine)
+        return StageOutput(files={engine.name: engine}, notes=["Q/DQ as float ops"])
+
+    def runner(self, ctx: RunContext, out: StageOutput):
+        return OnnxRuntimeRunner(out.files["model.engine.onnx"], name=self.name, config=QDQ_AS_FLOAT)
+
+
+def _readme(int8: Path, recipe: Recipe) -> Path:
+    path = int8.parent / "RUN_ME.txt"
+    path.write_text(f"{recipe.name}: run {int8.name} with Q/DQ as float ops\n")
+    return path
+
+
+def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_path):
+    """A contribution's files are written and recorded with quantize_int8; its stage runs after it,
+    is gated with the recipe's tolerance for that stage and lands in the reports and the manifest."""
+    model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    stages = pipeline_stages(recipe, Contribution(artifacts=(_readme,), stages=(_FloatQdqEngine(),)))
+    assert [s.name for s in stages][-2:] == [StageName.quantize_int8, StageName.build_engine]
+    arts = run_pipeline(model, recipe, tmp_path, calib=calib, parity_data=parity, stages=stages)
+    assert arts.passed and {"RUN_ME.txt", "model.engine.onnx"} <= set(arts.files)
+    by = _stages(tmp_path)
+    assert list(by)[-1] == "build_engine" and by["build_engine"]["notes"][0] == "Q/DQ as float ops"
+    assert by["build_engine"]["tolerance"]["cosine_min"] == recipe.tolerance("build_engine").cosine_min
+    assert "RUN_ME.txt" in by["quantize_int8"]["artifacts"]
+    assert "RUN_ME.txt" in json.loads((tmp_path / STATE_FILE).read_text())["quantize_int8"]["artifacts"]
+    assert "build_engine" in json.loads((tmp_path / "manifest.json").read_text())["stages"]
+    # a disabled contributed stage is listed as skipped, like any other
+    model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu",
+                                              overrides=(*FAST, "stages.build_engine.enabled=false"))
+    off = run_pipeline(model, recipe, tmp_path / "off", calib=calib, parity_data=parity,
+                       stages=pipeline_stages(recipe, Contribution(stages=(_FloatQdqEngine(),))))
+    assert off.parity.skipped == [StageName.build_engine] and off.resumed == []

@@ -4,7 +4,21 @@ from __future__ import annotations
 import pytest
 
 from vitexport.errors import BadInput
-from vitexport.recipe import CalibrationMethod, Recipe, available_recipes, load_recipe
+import yaml
+
+from vitexport.recipe import (
+    PASS_STAGES,
+    RECIPES_DIR,
+    CalibrationMethod,
+    ParitySpec,
+    Recipe,
+    StageName,
+    TargetKind,
+    Tolerance,
+    available_recipes,
+    load_recipe,
+    parse_stage,
+)
 
 
 def test_every_shipped_recipe_validates():
@@ -75,3 +89,61 @@ def test_recipe_is_frozen():
 def test_override_must_be_key_value():
     with pytest.raises(BadInput, match="KEY=VALUE"):
         load_recipe("orin", ["calibration.method"])
+
+
+def test_partial_override_keeps_the_stages_other_gates():
+    """--set parity.quantize_int8.cosine_min=0.95 changes that gate only: top-1 and accuracy stay."""
+    default = load_recipe("orin").tolerance(StageName.quantize_int8)
+    assert default.top1_agreement is not None and default.accuracy_drop is not None  # there is something to keep
+    tol = load_recipe("orin", ["parity.quantize_int8.cosine_min=0.95"]).tolerance("quantize_int8")
+    assert tol.cosine_min == 0.95
+    assert tol.model_dump(exclude={"cosine_min"}) == default.model_dump(exclude={"cosine_min"})
+
+
+def test_partial_parity_entry_in_a_file_keeps_the_stages_defaults(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("target: cpu\nparity:\n  quantize_int8: {cosine_min: 0.9}\n  mask_to_where: {max_abs: 1.0e-3}\n")
+    r = load_recipe(str(f))
+    schema = ParitySpec()
+    q = r.tolerance("quantize_int8")
+    assert (q.cosine_min, q.top1_agreement, q.accuracy_drop) == (0.9, schema.quantize_int8.top1_agreement,
+                                                                  schema.quantize_int8.accuracy_drop)
+    m = r.tolerance("mask_to_where")
+    assert m.max_abs == 1e-3 and m.exact_unmasked  # the mask contract's exactness survives a looser max_abs
+    assert r.tolerance("export_onnx") == schema.export_onnx  # stages not mentioned keep their defaults
+
+
+def test_python_tolerance_merges_like_a_mapping():
+    r = Recipe(name="x", target=TargetKind.cpu, parity={"quantize_int8": Tolerance(top1_agreement=0.5)})
+    q = r.tolerance("quantize_int8")
+    assert q.top1_agreement == 0.5 and q.cosine_min == ParitySpec().quantize_int8.cosine_min
+
+
+def test_every_stage_has_a_tolerance_and_names_parse():
+    r = load_recipe("orin")
+    for stage in StageName:
+        assert isinstance(r.tolerance(stage), Tolerance) and r.tolerance(stage.value) == r.tolerance(stage)
+        assert parse_stage(stage.value) is stage and stage == stage.value
+    assert set(PASS_STAGES) < set(StageName)
+    with pytest.raises(BadInput, match=r"unknown stage 'quantise'.*quantize_int8"):
+        parse_stage("quantise")
+
+
+def test_parity_tolerance_wrong_type_names_key():
+    with pytest.raises(BadInput, match=r"orin\.yaml: parity\.quantize_int8\.top1_margin_z"):
+        load_recipe("orin", ["parity.quantize_int8.top1_margin_z=-1"])
+
+
+@pytest.mark.parametrize("name", ["orin", "orin-jp5", "npu", "cpu"])
+def test_shipped_recipes_list_only_what_differs_from_the_schema(name):
+    data = yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text())
+    schema = Recipe(name=name, target=data["target"]).model_dump(mode="json")
+
+    def walk(given, default, path):
+        for key, value in given.items():
+            if isinstance(value, dict):
+                walk(value, default[key], f"{path}{key}.")
+            else:
+                assert value != default[key], f"{name}.yaml: {path}{key} repeats the schema default {value!r}"
+
+    walk({k: v for k, v in data.items() if k not in ("target", "description")}, schema, "")

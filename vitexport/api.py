@@ -11,7 +11,7 @@ from .calibration import SampleSet, load_samples, random_samples
 from .calibration.data import NpzSamples
 from .errors import BadInput
 from .pipeline import Artifacts, run_pipeline
-from .recipe import Recipe, available_recipes, load_recipe
+from .recipe import Recipe, StageName, available_recipes, load_recipe
 from .sources import LoadedModel, load_model
 
 __all__ = ["export", "prepare", "targets", "render_parity", "compare", "DEFAULT_BUILD_DIR"]
@@ -164,7 +164,7 @@ def compare(
     layers: bool = False,
     out: str | Path | None = None,
     target: str = "orin",
-    stage: str = "simplify",
+    stage: StageName | str = StageName.simplify,
     overrides: Sequence[str] = (),
     weights: str | Path | None = None,
     input_shape: str | None = None,
@@ -185,10 +185,9 @@ def compare(
         The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
     """
     from .parity import compare_models
-    from .recipe import STAGE_NAMES
+    from .recipe import parse_stage
 
-    if stage not in STAGE_NAMES:
-        raise BadInput(f"--stage '{stage}': expected one of {', '.join(STAGE_NAMES)}")
+    stage = parse_stage(stage)  # BadInput naming the stages
     recipe = load_recipe(target, overrides)
     return compare_models(
         a, b, parity_data, layers=layers, out_dir=Path(out) if out else None, tolerance=recipe.tolerance(stage),

@@ -85,6 +85,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .recipe import StageName
+
     p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (calibration passes, parity runs) with times")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -113,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
     r.add_argument("--out", default=None, help="where --compare writes its report")
     r.add_argument("--target", default="orin", help="recipe whose tolerances apply")
-    r.add_argument("--stage", default="simplify", help="stage whose tolerance applies (quantize_int8 for an INT8 model)")
+    r.add_argument("--stage", default=StageName.simplify.value, metavar="STAGE",
+                   help=f"stage whose tolerance applies: {', '.join(StageName)} (quantize_int8 for an INT8 model)")
     r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")
     r.add_argument("--input-shape", default=None, help="N,C,H,W for a model URI given to --compare")
     r.add_argument("--num-samples", type=int, default=None, help="compare on at most this many samples")

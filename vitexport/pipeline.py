@@ -1,44 +1,42 @@
-"""The ordered stages, each gated by parity against one golden reference.
+"""The one loop over the stages (:mod:`vitexport.stages`), each gated by parity against one golden
+reference.
 
 model source → freeze_layernorm → mask_to_where → fuse_qkv → export_onnx → simplify →
-quantize_int8 → build_engine (only where TensorRT and a GPU exist).
+quantize_int8 → what the target contributes (orin: build_engine, where TensorRT and a GPU exist).
 
-Every artifact is written atomically. After each stage the run's state (stage → content key, artifact
-hashes, parity result) is saved, so a run that was killed resumes from the last finished stage: a
-stage whose key (a hash of everything it consumes) and artifacts are unchanged is not run again.
+The loop alone owns timing, peak memory, parity gating, failure and resume. Every artifact is
+written atomically. After each stage the run's state (stage → content key, artifact hashes, parity
+result) is saved, so a run that was killed resumes from the last finished stage: a stage whose key
+(a hash of everything it consumes) and artifacts are unchanged is not run again.
 """
 from __future__ import annotations
 
-import gc
-import hashlib
 import json
 import logging
 import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from . import __version__
 from .calibration import SampleSet
-from .calibration.session import release_memory
-from .engines import QDQ_AS_FLOAT, OnnxRuntimeRunner, TorchRunner, tensorrt_available
-from .errors import ParityFailure
-from .io import atomic_path, atomic_write_json, display_path, sha256_file
+from .io import atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
-from .recipe import STAGE_NAMES, Recipe
+from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .sources import LoadedModel
+from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages
 
 _log = logging.getLogger("vitexport.pipeline")
 
-__all__ = ["Artifacts", "run_pipeline", "PASS_STAGES", "STAGE_NAMES"]
+__all__ = ["Artifacts", "run_pipeline", "PASS_STAGES", "STAGE_NAMES", "STATE_FILE"]
 
-PASS_STAGES = ("freeze_layernorm", "mask_to_where", "fuse_qkv")
 STATE_FILE = ".vitexport-state.json"
+_RESUMED_NOTE = "resumed: artifacts of an earlier run with the same content key"
 
 
 @dataclass
@@ -52,33 +50,11 @@ class Artifacts:
     #: peak resident memory of each stage (its work and its parity check), and of the golden
     #: reference capture under ``"reference"``; see :mod:`vitexport.memory`
     stage_peak_bytes: dict[str, int] = field(default_factory=dict)
-    resumed: list[str] = field(default_factory=list)
+    resumed: list[StageName] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return bool(self.parity and self.parity.passed)
-
-
-def _hash(*parts) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        if isinstance(p, bytes):
-            h.update(p)
-        else:
-            h.update(json.dumps(p, sort_keys=True, default=str).encode())
-        h.update(b"\0")
-    return h.hexdigest()[:24]
-
-
-def _module_hash(module: torch.nn.Module, example_inputs: dict[str, torch.Tensor]) -> str:
-    """Content hash of a module: its state, its structure and its input shapes."""
-    h = hashlib.sha256()
-    for k, v in module.state_dict().items():
-        h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().numpy().tobytes())
-    h.update(repr(module).encode())
-    h.update(json.dumps({k: [list(v.shape), str(v.dtype)] for k, v in example_inputs.items()}).encode())
-    return h.hexdigest()[:24]
 
 
 def _unmasked(reference: GoldenReference) -> np.ndarray | None:
@@ -97,6 +73,7 @@ class _State:
     """The resume record: stage name → {key, artifacts {name: sha256}, result}."""
 
     def __init__(self, out_dir: Path, load: bool = True):
+        self.out_dir = out_dir
         self.path = out_dir / STATE_FILE
         self.data: dict = {}
         if load and self.path.is_file():
@@ -105,22 +82,24 @@ class _State:
             except (OSError, json.JSONDecodeError):
                 self.data = {}  # a damaged record only costs a full run
 
-    def lookup(self, stage: str, key: str, out_dir: Path) -> dict | None:
+    def lookup(self, stage: str, key: str | None) -> tuple[StageResult, dict[str, Path]] | None:
+        """The recorded result and files of ``stage`` when its key and every artifact still match."""
         rec = self.data.get(stage)
-        if not rec or rec.get("key") != key:
+        if key is None or not rec or rec.get("key") != key:
             return None
-        for name, sha in rec.get("artifacts", {}).items():
-            p = out_dir / name
-            if not p.is_file() or sha256_file(p) != sha:
-                return None
-        return rec
+        files = {name: self.out_dir / name for name in rec.get("artifacts", {})}
+        if any(not p.is_file() or sha256_file(p) != rec["artifacts"][n] for n, p in files.items()):
+            return None
+        try:
+            res = StageResult.from_dict(rec["result"])
+        except (ValueError, KeyError, TypeError):
+            return None  # written by another version: run the stage again
+        res.notes = [*res.notes, _RESUMED_NOTE]
+        return res, files
 
-    def record(self, stage: str, key: str, artifacts: dict[str, Path], result: dict) -> None:
-        self.data[stage] = {
-            "key": key,
-            "artifacts": {p.name: sha256_file(p) for p in artifacts.values()},
-            "result": result,
-        }
+    def record(self, stage: str, key: str, files: dict[str, Path], result: StageResult) -> None:
+        self.data[stage] = {"key": key, "artifacts": {n: sha256_file(p) for n, p in files.items()},
+                            "result": result.to_dict()}
         atomic_write_json(self.path, self.data)
 
 
@@ -136,15 +115,14 @@ def run_pipeline(
     resume: bool = True,
     keep_source: bool = True,
     log: Callable[[str], None] = lambda s: None,
+    stages: Sequence[Stage] | None = None,
 ) -> Artifacts:
     """Run every enabled stage, gate each with parity, write reports and the manifest.
 
     Args:
         model: the loaded model (untouched unless ``keep_source`` is False; the passes work on a copy).
-        recipe: the validated recipe.
-        out_dir: output folder (created).
-        calib: calibration samples.
-        parity_data: parity samples (labels optional), already cut to the export batch.
+        recipe, out_dir: the validated recipe; the output folder (created).
+        calib, parity_data: calibration samples; parity samples (labels optional), cut to the export batch.
         data_note: said in the report (e.g. "synthetic inputs: no data given").
         layers: add per-layer localisation to the quantized stage.
         resume: reuse finished stages whose content keys match.
@@ -152,197 +130,93 @@ def run_pipeline(
             it is released (``model.module`` becomes None) after the export, so the ONNX stages run
             without a torch copy of the weights (ViT-B/16: 2 × 344 MB less). ``layers`` needs it kept.
         log: receives one line per stage.
+        stages: default :func:`vitexport.stages.pipeline_stages` (the core ones, the target's).
     Returns:
         :class:`Artifacts`; ``artifacts.passed`` is the verdict.
     Raises:
         ParityFailure: a stage missed its tolerance (reports are written first).
         BadInput / ContractViolation: from the stages.
     """
-    from .export import export_onnx, simplify_onnx
-    from .passes import get_pass
-
     if layers and not keep_source:
         raise ValueError("per-layer localisation (layers=True) compares with the source model: keep_source must be True")
-    from .quantize import build_engine, get_target, quantize_int8, write_engine_script
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = _State(out_dir, load=resume)
-    arts = Artifacts(out_dir)
-    batch = next(iter(model.example_inputs.values())).shape[0]
-
-    # The golden reference is captured once, first, from the untouched model: exporters and passes
-    # may change a module's state, and every stage is compared with this one set of outputs.
-    meter = PeakMeter()
-    _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
-    with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
-        reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
-                                      source=parity_data.source, layers=True if layers else None)
-    ref_path = out_dir / "reference.npz"
-    reference.save(out_dir)
-    _record_peak(arts, "reference", meter.lap())
-    arts.files["reference.npz"] = ref_path
-    unmasked = _unmasked(reference)
-
-    run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source), stages=[], passed=True)
-    if data_note:
-        run.notes.append(data_note)
-    key = _hash(__version__, _module_hash(model.module, model.example_inputs), parity_data.fingerprint())
-
-    def finish(result: StageResult) -> None:
-        _record_peak(arts, result.stage, meter.lap())
-        run.stages.append(result)
-        arts.stage_seconds[result.stage] = result.seconds
-        log(_stage_line(result, arts.stage_peak_bytes.get(result.stage)))
-        if not result.passed:
-            run.passed = False
-            _write_outputs(arts, run, recipe, model)
-            check = result.first_failure
-            raise ParityFailure(result.stage, check.metric, check.value, check.limit, check.op)
-
-    def reuse(stage: str, stage_key: str) -> bool:
-        rec = state.lookup(stage, stage_key, out_dir)
-        if rec is None:
-            return False
-        res = StageResult.from_dict(rec["result"])
-        res.notes = [*res.notes, "resumed: artifacts of an earlier run with the same content key"]
-        arts.resumed.append(stage)
-        for name in rec.get("artifacts", {}):
-            arts.files[name] = out_dir / name
-        finish(res)
-        return True
-
-    # --- torch passes ----------------------------------------------------------------------------
-    # The first pass copies the model (the caller's module is never touched); later passes rewrite
-    # that copy in place, so a ViT-B holds two sets of weights here, not four. A model the pipeline
-    # may consume (``keep_source=False``: loaded for this run, no per-layer comparison to come) is
-    # rewritten in place from the start: one set of weights.
-    current, owned = model.module, not keep_source
-    for stage in PASS_STAGES:
-        spec = getattr(recipe.stages, stage)
-        if not spec.enabled:
-            run.skipped.append(stage)
+    stages = list(stages) if stages is not None else pipeline_stages(recipe)
+    arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
+    ctx = _begin(model, recipe, out_dir, parity_data, calib, layers, keep_source, arts, meter)
+    run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
+                    notes=[data_note] if data_note else [])
+    for i, stage in enumerate(stages):
+        if not stage.enabled(recipe):
+            run.skipped.append(stage.name)
             continue
-        _log.debug("stage %s (resident %s)", stage, _gb(resident_bytes()))
-        t0 = time.perf_counter()
-        current, report = get_pass(stage)(current, model.example_inputs, spec, inplace=owned)
-        owned = True
-        seconds = time.perf_counter() - t0
-        with TorchRunner(current, model.example_inputs, name=stage) as runner:
-            res = check_stage(
-                stage, runner, reference, recipe.tolerance(stage), changed=report.changed, seconds=seconds,
-                notes=[report.summary(), *[f"skipped {s.site}: {s.reason}" for s in report.skipped], *report.notes],
-                unmasked=unmasked,
-            )
-        res.details["pass_report"] = report.to_dict()
-        finish(res)
-
-    # --- ONNX export and simplify -----------------------------------------------------------------
-    key = _hash(key, _module_hash(current, model.example_inputs), recipe.export.model_dump(mode="json"))
-    raw = out_dir / "model.raw.onnx"
-    if not reuse("export_onnx", key):
-        _log.debug("stage export_onnx (resident %s)", _gb(resident_bytes()))
-        _trim()  # the exporter holds about two more copies of the weights: start from a trimmed heap
-        t0 = time.perf_counter()
-        exp = export_onnx(current, model.example_inputs, raw, recipe.export)
-        seconds = time.perf_counter() - t0
-        with OnnxRuntimeRunner(raw, name="export_onnx") as runner:
-            res = check_stage("export_onnx", runner, reference, recipe.tolerance("export_onnx"), seconds=seconds, unmasked=unmasked,
-                              notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes])
-        res.details["export"] = exp.to_dict()
-        res.artifacts["model.raw.onnx"] = str(raw)
-        state.record("export_onnx", key, {"raw": raw}, res.to_dict())
-        finish(res)
-    arts.files["model.raw.onnx"] = raw
-    # the rewritten torch model is not needed past the export: free its weights before ONNX work
-    del current
-    if not keep_source:
-        model.module = None  # type: ignore[assignment]  # rewritten and exported: nothing reads it again
-    _trim()
-
-    key = _hash(key, sha256_file(raw), recipe.contract.model_dump(mode="json"), recipe.export.simplify)
-    fp32 = out_dir / "model.fp32.onnx"
-    if not reuse("simplify", key):
-        _log.debug("stage simplify (resident %s)", _gb(resident_bytes()))
-        t0 = time.perf_counter()
-        simp = simplify_onnx(raw, fp32, recipe)
-        seconds = time.perf_counter() - t0
-        with OnnxRuntimeRunner(fp32, name="simplify") as runner:
-            res = check_stage("simplify", runner, reference, recipe.tolerance("simplify"), seconds=seconds, unmasked=unmasked, notes=simp.notes)
-        res.details["simplify"] = simp.to_dict()
-        res.artifacts["model.fp32.onnx"] = str(fp32)
-        state.record("simplify", key, {"fp32": fp32}, res.to_dict())
-        finish(res)
-    arts.files["model.fp32.onnx"] = fp32
-
-    # --- INT8 -------------------------------------------------------------------------------------
-    if recipe.stages.quantize_int8.enabled:
-        int8 = out_dir / "model.int8.onnx"
-        key = _hash(key, sha256_file(fp32), calib.fingerprint(), recipe.calibration.model_dump(mode="json"),
-                    recipe.quantization.model_dump(mode="json"), recipe.target.value, recipe.tolerance("quantize_int8").model_dump(mode="json"))
-        if not reuse("quantize_int8", key):
-            _log.debug("stage quantize_int8 (resident %s)", _gb(resident_bytes()))
-            t0 = time.perf_counter()
-            q = quantize_int8(fp32, int8, calib, recipe, out_dir, parity_feeds=reference.feeds, reference=reference.outputs["output"])
-            seconds = time.perf_counter() - t0
-            # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
-            # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets.
-            native = get_target(recipe).runs_in_onnxruntime
-            notes = list(q.notes)
-            if not native:
-                notes.append("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
-                             f"the arithmetic the {recipe.target.value} runtime performs")
-            with OnnxRuntimeRunner(int8, name="quantize_int8", config=None if native else QDQ_AS_FLOAT) as runner:
-                res = check_stage("quantize_int8", runner, reference, recipe.tolerance("quantize_int8"), seconds=seconds, unmasked=unmasked, notes=notes)
-            res.details["quantize"] = q.to_dict()
-            produced = {"int8": int8}
-            for extra in ("calibration.json", "calibration.cache"):
-                if (out_dir / extra).is_file():
-                    produced[extra] = out_dir / extra
-            if recipe.target.value == "orin":
-                produced["script"] = write_engine_script(int8, out_dir / "build_engine.sh", recipe)
-            if layers:
-                _add_layers(res, model, fp32, int8, reference, recipe)
-            for p in produced.values():
-                res.artifacts[p.name] = str(p)
-            state.record("quantize_int8", key, produced, res.to_dict())
-            finish(res)
-        for name in ("model.int8.onnx", "calibration.json", "calibration.cache", "build_engine.sh"):
-            if (out_dir / name).is_file():
-                arts.files[name] = out_dir / name
-    else:
-        run.skipped.append("quantize_int8")
-
-    # --- TensorRT ---------------------------------------------------------------------------------
-    if recipe.stages.build_engine.enabled and recipe.target.value == "orin" and "model.int8.onnx" in arts.files:
-        if tensorrt_available():  # pragma: no cover - needs TensorRT and a GPU
-            from .engines import TensorRTRunner
-
-            plan = out_dir / "model.int8.plan"
-            t0 = time.perf_counter()
-            build_engine(arts.files["model.int8.onnx"], plan)
-            seconds = time.perf_counter() - t0
-            with TensorRTRunner(plan, name="build_engine") as runner:
-                res = check_stage("build_engine", runner, reference, recipe.tolerance("build_engine"), seconds=seconds, unmasked=unmasked)
-            arts.files["model.int8.plan"] = plan
-            finish(res)
-        else:
-            run.notes.append("build_engine: TensorRT or a GPU is not available here; build_engine.sh holds the trtexec command")
+        try:
+            res = _resume_or_run(stage, ctx, state, arts)
+        except StageSkipped as why:
+            run.notes.append(f"{stage.name}: {why}")
+            continue
+        if not any(s.needs_torch and s.enabled(recipe) for s in stages[i + 1:]):
+            ctx.release_torch()  # past the last torch stage: the ONNX work runs without the weights
+        _record_peak(arts, stage.name, meter.lap())
+        arts.stage_seconds[stage.name] = res.seconds
+        log(_stage_line(res, arts.stage_peak_bytes.get(stage.name)))
+        if not run.add(res):
+            _write_outputs(arts, run, recipe, model)
+            raise res.failure()
     _write_outputs(arts, run, recipe, model)
     return arts
 
 
-def _add_layers(res: StageResult, model: LoadedModel, fp32: Path, int8: Path, reference: GoldenReference, recipe: Recipe) -> None:
-    from .parity import localize_layers
+def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
+           layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
+    """Capture the golden reference and open the run's context (its first content key)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    batch = next(iter(model.example_inputs.values())).shape[0]
+    # The golden reference is captured once, first, from the untouched model: exporters and passes
+    # may change a module's state, and every stage is compared with this one set of outputs.
+    _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
+    from .engines import TorchRunner
 
-    rep = localize_layers(model.module, reference.feeds, {"fp32": fp32, "int8": int8},
-                          budget=recipe.tolerance("quantize_int8"), reference_layers=reference.layers)
-    res.attach_layers(rep)
+    with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
+        reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
+                                      source=parity_data.source, layers=True if layers else None)
+    reference.save(out_dir)
+    arts.files["reference.npz"] = out_dir / "reference.npz"
+    _record_peak(arts, "reference", meter.lap())
+    key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint())
+    return RunContext(model=model, recipe=recipe, out_dir=out_dir, calib=calib, reference=reference,
+                      unmasked=_unmasked(reference), key=key, layers=layers, keep_source=keep_source,
+                      module=model.module, owned=not keep_source, files=arts.files)
 
 
-def _trim() -> None:
-    """Collect cycles (torch modules hold some) and hand the freed heap back to the OS."""
-    gc.collect()
-    release_memory()
+def _resume_or_run(stage: Stage, ctx: RunContext, state: _State, arts: Artifacts) -> StageResult:
+    """The stage's recorded result when its content key and artifacts match, else a fresh run
+    (recorded when the stage has a key). Either way its files join the run's and its key the chain."""
+    key = stage.key(ctx)
+    found = state.lookup(stage.name, key)
+    if found is not None:
+        res, files = found
+        arts.resumed.append(stage.name)
+    else:
+        res, files = _execute(stage, ctx)
+        if key is not None:
+            state.record(stage.name, key, files, res)
+    ctx.key = key or ctx.key
+    arts.files.update(files)
+    return res
+
+
+def _execute(stage: Stage, ctx: RunContext) -> tuple[StageResult, dict[str, Path]]:
+    """Run a stage's work (timed), then its parity check against the golden reference."""
+    _log.debug("stage %s (resident %s)", stage.name, _gb(resident_bytes()))
+    t0 = time.perf_counter()
+    out = stage.run(ctx)
+    seconds = time.perf_counter() - t0
+    with stage.runner(ctx, out) as runner:
+        res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
+                          seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)
+    res.details.update(out.details)
+    if out.layers is not None:
+        res.attach_layers(out.layers)
+    return res, out.files
 
 
 def _gb(n: int | None) -> str:
@@ -358,7 +232,8 @@ def _stage_line(res: StageResult, peak: int | None = None) -> str:
     m = res.metrics
     verdict = "pass" if res.passed else "FAIL"
     changed = f" changed={res.changed}" if res.changed is not None else ""
-    extra = f" top1={m.top1_agreement:.4f}" if m.top1_agreement is not None else ""
+    extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
+             if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
     return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} ({res.seconds:.2f}s{f', peak {_gb(peak)}' if peak else ''})"
 

@@ -4,6 +4,11 @@ A recipe is a YAML file under ``recipes/`` (or any path). Defaults live only her
 unknown keys are errors that name the key path and the file (pydantic ``extra="forbid"``).
 ``--set key.path=value`` overrides are applied to the raw mapping before validation, so they go
 through exactly the same checks as the file.
+
+Stage names are a :class:`StageName` (a ``str`` enum, so ``"simplify"`` and ``StageName.simplify``
+are equal and hash alike). Each stage's parity contract is one typed field of :class:`ParitySpec`
+with that stage's own defaults; a recipe (or ``--set parity.quantize_int8.cosine_min=0.95``) that
+gives only some of its keys keeps the stage's other gates.
 """
 from __future__ import annotations
 
@@ -13,16 +18,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import BadInput
 
 __all__ = [
+    "StageName",
+    "PASS_STAGES",
     "TargetKind",
     "CalibrationMethod",
     "LayerNormMode",
     "Exporter",
     "Tolerance",
+    "ParitySpec",
     "Recipe",
     "STAGE_NAMES",
     "RECIPES_DIR",
@@ -30,6 +38,7 @@ __all__ = [
     "resolve_recipe_path",
     "load_recipe",
     "parse_override",
+    "parse_stage",
 ]
 
 RECIPES_DIR = Path(os.environ.get("VITEXPORT_RECIPES", Path(__file__).resolve().parents[1] / "recipes"))
@@ -37,6 +46,24 @@ RECIPES_DIR = Path(os.environ.get("VITEXPORT_RECIPES", Path(__file__).resolve().
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+class StageName(enum.StrEnum):
+    """The pipeline's stages, in order. A ``str``: it compares and hashes like its value."""
+
+    freeze_layernorm = "freeze_layernorm"
+    mask_to_where = "mask_to_where"
+    fuse_qkv = "fuse_qkv"
+    export_onnx = "export_onnx"
+    simplify = "simplify"
+    quantize_int8 = "quantize_int8"
+    build_engine = "build_engine"
+
+
+#: the torch passes, in the order the pipeline runs them
+PASS_STAGES: tuple[StageName, ...] = (StageName.freeze_layernorm, StageName.mask_to_where, StageName.fuse_qkv)
+#: every stage name, in pipeline order (the values of :class:`StageName`)
+STAGE_NAMES: tuple[str, ...] = tuple(s.value for s in StageName)
 
 
 class TargetKind(str, enum.Enum):
@@ -69,17 +96,77 @@ class Tolerance(_Spec):
     """A stage's parity contract. ``None`` means the metric is reported but not gated.
 
     ``max_abs`` is divided by the reference's largest magnitude when ``relative`` is true, so one
-    number fits logits of any scale.
+    number fits logits of any scale. ``top1_agreement`` gates the *margin-gated* top-1 agreement
+    (see :func:`vitexport.parity.compute_metrics`): a sample whose top-1 flips counts as a
+    disagreement only when the reference's top-1/top-2 margin exceeds ``top1_margin_z`` times the
+    spread the measured error gives that margin; ``top1_margin_z=0`` gates the raw agreement.
     """
 
     max_abs: float | None = None
     relative: bool = True
     cosine_min: float | None = None
     top1_agreement: float | None = None
+    top1_margin_z: float = Field(
+        default=3.0, ge=0.0,
+        description="a top-1 flip counts only when the reference's top-1/top-2 margin is above "
+                    "z * sqrt(2) * (the sample's RMS output error); 0: every flip counts",
+    )
     accuracy_drop: float | None = Field(
         default=None, description="largest allowed drop of accuracy (fraction) vs the untouched model"
     )
     exact_unmasked: bool = False
+
+
+# Each stage's contract, with that stage's defaults. A partial mapping in a recipe validates against
+# the stage's own class, so the keys it does not give keep the stage's defaults (never Tolerance's
+# blanket None): ``parity: {quantize_int8: {cosine_min: 0.95}}`` keeps the top-1 and accuracy gates.
+class FoldTolerance(Tolerance):
+    """Folds and fusions (``freeze_layernorm``, ``fuse_qkv``): float32 rounding only."""
+
+    max_abs: float | None = 1e-5
+
+
+class MaskTolerance(FoldTolerance):
+    """``mask_to_where``: real-token positions must match within ``max_abs``."""
+
+    exact_unmasked: bool = True
+
+
+class OnnxTolerance(Tolerance):
+    """``export_onnx`` / ``simplify``: the same float32 function, another op order."""
+
+    max_abs: float | None = 1e-4
+
+
+class EngineTolerance(Tolerance):
+    """INT8 on the target's runtime (``build_engine``): direction and decisions, not digits."""
+
+    cosine_min: float | None = 0.98
+    top1_agreement: float | None = 0.9
+
+
+class Int8Tolerance(EngineTolerance):
+    """``quantize_int8``: as the engine, and labelled data may lose at most 2 points of accuracy."""
+
+    accuracy_drop: float | None = 0.02
+
+
+class ParitySpec(_Spec):
+    """One :class:`Tolerance` per stage (``recipe.parity.quantize_int8``), each with its own defaults."""
+
+    freeze_layernorm: FoldTolerance = FoldTolerance()
+    mask_to_where: MaskTolerance = MaskTolerance()
+    fuse_qkv: FoldTolerance = FoldTolerance()
+    export_onnx: OnnxTolerance = OnnxTolerance()
+    simplify: OnnxTolerance = OnnxTolerance()
+    quantize_int8: Int8Tolerance = Int8Tolerance()
+    build_engine: EngineTolerance = EngineTolerance()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _merge_instances(cls, value: Any) -> Any:
+        # A Tolerance built in Python counts with the keys it was given, like a partial mapping.
+        return value.model_dump(exclude_unset=True) if isinstance(value, Tolerance) else value
 
 
 class FreezeLayerNormSpec(_Spec):
@@ -92,6 +179,9 @@ class StageToggle(_Spec):
 
 
 class StagesSpec(_Spec):
+    """Switches for the optional stages (export and simplify always run). ``build_engine`` applies
+    where the target contributes an engine stage (orin); other targets have none to switch."""
+
     freeze_layernorm: FreezeLayerNormSpec = FreezeLayerNormSpec()
     mask_to_where: StageToggle = StageToggle()
     fuse_qkv: StageToggle = StageToggle()
@@ -195,30 +285,6 @@ class QuantizationSpec(_Spec):
     )
 
 
-def _default_parity() -> dict[str, Tolerance]:
-    fold = Tolerance(max_abs=1e-5)
-    return {
-        "freeze_layernorm": fold,
-        "mask_to_where": Tolerance(max_abs=1e-5, exact_unmasked=True),
-        "fuse_qkv": fold,
-        "export_onnx": Tolerance(max_abs=1e-4),
-        "simplify": Tolerance(max_abs=1e-4),
-        "quantize_int8": Tolerance(cosine_min=0.98, top1_agreement=0.9),
-        "build_engine": Tolerance(cosine_min=0.98, top1_agreement=0.9),
-    }
-
-
-STAGE_NAMES = (
-    "freeze_layernorm",
-    "mask_to_where",
-    "fuse_qkv",
-    "export_onnx",
-    "simplify",
-    "quantize_int8",
-    "build_engine",
-)
-
-
 class ParityDataSpec(_Spec):
     """Which parity samples every stage is compared on (a seeded subset when the data is larger)."""
 
@@ -238,23 +304,40 @@ class Recipe(_Spec):
     contract: ContractSpec = ContractSpec()
     calibration: CalibrationSpec = CalibrationSpec()
     quantization: QuantizationSpec = QuantizationSpec()
-    parity: dict[str, Tolerance] = Field(default_factory=_default_parity)
+    parity: ParitySpec = ParitySpec()
     parity_data: ParityDataSpec = ParityDataSpec()
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
-        unknown = sorted(set(self.parity) - set(STAGE_NAMES))
-        if unknown:
-            raise ValueError(f"unknown stage name(s) {unknown} in parity; stages are {list(STAGE_NAMES)}")
         if self.export.opset > self.contract.max_opset:
             raise ValueError(
                 f"export.opset {self.export.opset} is above contract.max_opset {self.contract.max_opset}"
             )
         return self
 
-    def tolerance(self, stage: str) -> Tolerance:
-        """The stage's tolerance: the recipe's own, else the schema default."""
-        return self.parity.get(stage) or _default_parity()[stage]
+    def tolerance(self, stage: StageName | str) -> Tolerance:
+        """The stage's parity contract (``recipe.parity.<stage>``).
+
+        Raises:
+            ValueError: ``stage`` is not a :class:`StageName`.
+        """
+        return getattr(self.parity, StageName(stage).value)
+
+    def toggle(self, stage: StageName | str) -> StageToggle | FreezeLayerNormSpec | None:
+        """The stage's switch in ``stages`` (None for stages that always run: export, simplify)."""
+        return getattr(self.stages, StageName(stage).value, None)
+
+
+def parse_stage(text: str) -> StageName:
+    """``'quantize_int8'`` → ``StageName.quantize_int8``.
+
+    Raises:
+        BadInput: not a stage name (the message lists them).
+    """
+    try:
+        return StageName(text)
+    except ValueError:
+        raise BadInput(f"unknown stage '{text}'; stages are {', '.join(StageName)}") from None
 
 
 def available_recipes() -> list[str]:

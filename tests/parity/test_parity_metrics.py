@@ -71,7 +71,9 @@ def test_accuracy_drop_and_exact_unmasked():
 def test_metrics_and_checks_round_trip():
     m = compute_metrics(_logits(), _logits() * 1.01, labels=np.arange(6))
     assert Metrics.from_dict(m.to_dict()) == m
-    assert all(isinstance(v, float) for v in m.to_dict().values())
+    d = m.to_dict()
+    counts = [d.pop("nonfinite"), d.pop("top1_near_ties")]
+    assert all(isinstance(v, int) for v in counts) and all(isinstance(v, float) for v in d.values())
     c = Check("cosine_min", 0.5, 0.9, ">=", False)
     assert Check.from_dict(c.to_dict()) == c
     assert str(c) == "cosine_min=0.5 (must be >= 0.9)"
@@ -88,3 +90,56 @@ def test_error_histogram():
     assert len(h["counts"]) == len(h["edges"]) - 1
     k = int(np.searchsorted(h["edges"], -4.0, side="right")) - 1  # 1e-4 lands in the bin at -4
     assert h["counts"][k] == 10
+
+
+def _near_tie_logits(n=64, c=1000, seed=0):
+    """A random-weight model's logits: every sample near one shared vector, the top two classes
+    of each a hair apart (margins of ~1e-3 against an output scale of ~1)."""
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal((n, c)) + 1e-3 * rng.standard_normal((n, c))
+    top = ref.argmax(1)
+    second = np.argsort(ref, axis=1)[:, -2]
+    ref[np.arange(n), top] = ref[np.arange(n), second] + rng.uniform(0, 0.05, n)
+    return ref
+
+
+def test_top1_near_ties_do_not_fail_a_close_export():
+    """Random-weight-like logits, cosine 0.999: raw top-1 is a coin toss, the gated one passes."""
+    ref = _near_tie_logits()
+    rng = np.random.default_rng(1)
+    out = ref + 0.045 * rng.standard_normal(ref.shape)  # relative noise ~4.5 %: cosine ~0.999
+    tol = Tolerance(cosine_min=0.998, top1_agreement=0.9)
+    res = compare(ref, out, tol)
+    m = res.metrics
+    assert m.cosine_min > 0.998
+    assert m.top1_agreement < 0.9  # the old gate failed this export
+    assert res and m.top1_agreement_gated == 1.0 and m.top1_near_ties == len(ref)
+    assert [c.metric for c in res.checks] == ["cosine_min", "top1_agreement_gated"]
+    # z = 0 is the raw gate
+    raw = compare(ref, out, Tolerance(cosine_min=0.998, top1_agreement=0.9, top1_margin_z=0.0))
+    assert not raw and raw.first_failure.metric == "top1_agreement_gated" and raw.metrics.top1_near_ties == 0
+
+
+def test_confident_predictions_that_flip_fail_the_top1_gate():
+    """Trained-like logits (the top class far ahead); the error swaps the top two of a third of the
+    samples: every flip is far beyond what the error's size explains, so each one counts."""
+    rng = np.random.default_rng(2)
+    n, c = 60, 1000
+    ref = rng.standard_normal((n, c))
+    ref[np.arange(n), rng.integers(0, c, n)] += 12.0  # margins of ~9 and more
+    out = ref + 0.01 * rng.standard_normal(ref.shape)
+    flip = np.arange(n) % 3 == 0
+    top = ref.argmax(1)
+    out[flip, top[flip]] -= 14.0  # an error aimed at the deciding output
+    res = compare(ref, out, Tolerance(top1_agreement=0.9))
+    m = res.metrics
+    assert m.top1_near_ties == 0 and m.top1_agreement_gated == m.top1_agreement == pytest.approx(1 - flip.mean())
+    assert not res and res.first_failure.metric == "top1_agreement_gated"
+
+
+def test_nonfinite_rows_always_count_as_top1_disagreements():
+    ref = _near_tie_logits(n=8, c=10)
+    out = ref.copy()
+    out[3, 0] = np.inf
+    m = compute_metrics(ref, out)
+    assert m.top1_agreement_gated == m.top1_agreement == 7 / 8 and m.top1_near_ties == 0

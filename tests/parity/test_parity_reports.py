@@ -4,7 +4,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,9 @@ from parity_models import swap_qk
 from vitexport.engines import OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import BadInput
 from vitexport.parity import (
+    Check,
+    LayerBudget,
+    Metrics,
     ParityRun,
     StageResult,
     check_stage,
@@ -21,7 +26,7 @@ from vitexport.parity import (
     render_reports,
     write_reports,
 )
-from vitexport.recipe import Recipe, TargetKind
+from vitexport.recipe import Recipe, StageName, TargetKind
 
 RECIPE = Recipe(name="test", target=TargetKind.orin)
 
@@ -62,8 +67,10 @@ def test_parity_json_schema(run, tmp_path):
         assert isinstance(s["passed"], bool) and isinstance(s["tolerance"], dict)
         for key in ("max_abs", "mean_abs", "cosine_min", "cosine_mean", "top1_agreement", "accuracy", "snr_db", "max_rel"):
             assert isinstance(s["metrics"][key], float), (s["stage"], key)
-        for key in ("top1_agreement", "top5_overlap", "accuracy"):
+        for key in ("top1_agreement", "top1_agreement_gated", "top5_overlap", "accuracy"):
             assert 0.0 <= s["metrics"][key] <= 1.0
+        assert s["metrics"]["top1_agreement_gated"] >= s["metrics"]["top1_agreement"]
+        assert isinstance(s["metrics"]["top1_near_ties"], int)
         assert isinstance(s["histogram"]["counts"], list)
     by = {s["stage"]: s for s in doc["stages"]}
     assert by["freeze_layernorm"]["changed"] == 0 and by["export_onnx"]["changed"] is None
@@ -77,6 +84,7 @@ def test_markdown_reads_as_tables(run):
     md = render_markdown(run.to_dict())
     assert md.startswith("# Parity report: FAIL")
     assert "| stage | engine | result |" in md
+    assert "| top-1 | top-1 gated | near-ties |" in md  # both top-1 figures and the near-tie count
     assert "| fuse_qkv | torch | FAIL | 4 |" in md
     assert "First divergence: **`blocks.3`**" in md
     assert "- skipped stages: mask_to_where" in md
@@ -137,3 +145,45 @@ def test_run_verdict_and_summary():
     # a pipeline may set the verdict itself; appending a failed stage is enough either way
     r2 = ParityRun(stages=[ok, bad], passed=True)
     assert r2.to_dict()["passed"] is False
+
+
+def test_parity_json_round_trips_through_pydantic(run, tmp_path):
+    """parity.json → ParityRun → parity.json is the identity, and the objects come back typed."""
+    doc = json.loads(write_reports(tmp_path, run)["parity.json"].read_text())
+    back = ParityRun.from_dict(doc)
+    assert back.to_dict() == doc
+    assert [s.stage for s in back.stages] == [StageName.freeze_layernorm, StageName.export_onnx, StageName.fuse_qkv]
+    assert back.skipped == [StageName.mask_to_where]
+    export = back.stage("export_onnx")
+    assert isinstance(export.metrics, Metrics) and export.metrics == run.stage("export_onnx").metrics
+    assert export.layer_report == run.stage("export_onnx").layer_report and len(export.layers) == 4
+    assert isinstance(export.checks[0], Check) and export and not back.stage("fuse_qkv")
+    assert "top1_margin_z" not in doc["stages"][0]["tolerance"]  # it qualifies a top-1 gate only
+
+
+def test_unknown_top_level_keys_survive_a_round_trip():
+    doc = ParityRun(stages=[StageResult("compare", "onnxruntime")], extra={"compare": {"a": "x"}}).to_dict()
+    assert doc["compare"] == {"a": "x"} and doc["stages"][0]["stage"] == "compare"
+    back = ParityRun.from_dict({**doc, "written_by": "vitexport 9"})
+    assert back.extra == {"compare": {"a": "x"}, "written_by": "vitexport 9"} and back.stages[0].stage == "compare"
+
+
+def test_committed_demo_report_still_loads_and_renders(tmp_path):
+    """parity/demo/parity.json was written before the results went through pydantic."""
+    demo = Path(__file__).resolve().parents[2] / "parity" / "demo" / "parity.json"
+    shutil.copy(demo, tmp_path / "parity.json")
+    old = load_run(tmp_path)
+    assert old.passed and old.stage("quantize_int8").metrics.top1_agreement is not None
+    assert [s.stage for s in old.stages][:3] == list(StageName)[:3]
+    # it gated every top-1 flip: read back that way, not with today's default margin
+    assert old.stage("quantize_int8").tolerance.top1_margin_z == 0.0
+    md = render_reports(tmp_path)["parity.md"].read_text()
+    assert md.startswith("# Parity report: PASS") and "| quantize_int8 | onnxruntime | PASS |" in md
+
+
+def test_older_layer_rows_without_channel_figures_load():
+    row = {"name": "blocks.0", "tensor": None, "max_abs": 0.1, "rel_err": 0.01, "cosine_min": 0.99,
+           "cosine_mean": 0.995, "snr_db": 30.0}
+    s = StageResult.from_dict({"stage": "export_onnx", "engine": "onnxruntime", "metrics": {}, "layers": [row]})
+    r = s.layers[0]
+    assert s.metrics is None and (r.ch_cosine_min, r.ch_snr_db) == (0.99, 30.0) and s.layer_report.budget == LayerBudget()

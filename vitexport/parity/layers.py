@@ -14,14 +14,16 @@ noise it adds over the previous layer; the first layer outside the budget is the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
+from pydantic import model_validator
 
 from ..recipe import Tolerance
+from .data import Data, Sparse, result
 from .onnx_graph import OnnxGraph, _shape_ok, block_scopes, with_outputs
 
 __all__ = [
@@ -41,8 +43,8 @@ __all__ = [
 
 
 # --- budget and results ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LayerBudget:
+@result(frozen=True)
+class LayerBudget(Sparse):
     """The error a single layer may show before it counts as divergent. ``None`` means not checked.
 
     ``max_rel`` is the largest ``max|cand - ref| / max|ref|`` of the layer's activations.
@@ -94,17 +96,9 @@ class LayerBudget:
             limits.append(self.max_rel**2)
         return min(limits) if limits else 0.02
 
-    def to_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items() if v is not None}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> "LayerBudget":
-        data = data or {}
-        return cls(**{k: float(v) for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-@dataclass
-class LayerResult:
+@result
+class LayerResult(Data):
     """One layer's error against the reference.
 
     ``cosine_*`` / ``snr_db`` are plain (per sample, flattened). ``ch_*`` are the same on
@@ -135,31 +129,17 @@ class LayerResult:
     def __bool__(self) -> bool:
         return self.passed
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "tensor": self.tensor}
-        for k in ("max_abs", "rel_err", "cosine_min", "cosine_mean", "snr_db", "ch_cosine_min", "ch_snr_db",
-                  "noise_added", "noise_share"):
-            d[k] = float(getattr(self, k))
-        d.update(nonfinite=int(self.nonfinite), passed=bool(self.passed), flagged=bool(self.flagged), reason=self.reason)
-        if self.others:
-            d["others"] = {k: {m: float(v) for m, v in o.items()} for k, o in self.others.items()}
-        return d
-
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LayerResult":
-        return cls(
-            name=str(d["name"]), tensor=d.get("tensor"), max_abs=float(d["max_abs"]), rel_err=float(d["rel_err"]),
-            cosine_min=float(d["cosine_min"]), cosine_mean=float(d["cosine_mean"]), snr_db=float(d["snr_db"]),
-            nonfinite=int(d.get("nonfinite", 0)), ch_cosine_min=float(d.get("ch_cosine_min", d["cosine_min"])),
-            ch_snr_db=float(d.get("ch_snr_db", d["snr_db"])), noise_added=float(d.get("noise_added", 0.0)),
-            noise_share=float(d.get("noise_share", 0.0)),
-            passed=bool(d.get("passed", True)), flagged=bool(d.get("flagged", False)), reason=str(d.get("reason", "")),
-            others={k: dict(v) for k, v in (d.get("others") or {}).items()},
-        )
+    def _older_reports(cls, data: Any) -> Any:
+        # reports written before the channel-standardized figures existed: the plain ones stand in
+        if isinstance(data, Mapping) and "cosine_min" in data:
+            data = {"ch_cosine_min": data["cosine_min"], "ch_snr_db": data.get("snr_db", math.inf), **data}
+        return data
 
 
-@dataclass
-class LayerReport:
+@result
+class LayerReport(Data):
     """Per-layer comparison. ``bool(report)`` is true when no layer left the budget.
 
     Attributes:
@@ -176,7 +156,7 @@ class LayerReport:
     """
 
     layers: list[LayerResult]
-    budget: LayerBudget
+    budget: LayerBudget = field(default_factory=LayerBudget)
     first_divergence: str | None = None
     worst: list[str] = field(default_factory=list)
     method: str = "scope"
@@ -188,29 +168,6 @@ class LayerReport:
 
     def get(self, name: str) -> LayerResult | None:
         return next((r for r in self.layers if r.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "first_divergence": self.first_divergence,
-            "worst": list(self.worst),
-            "method": self.method,
-            "budget": self.budget.to_dict(),
-            "notes": list(self.notes),
-            "candidates": list(self.candidates),
-            "layers": [r.to_dict() for r in self.layers],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LayerReport":
-        return cls(
-            [LayerResult.from_dict(x) for x in d.get("layers", [])],
-            LayerBudget.from_dict(d.get("budget")),
-            d.get("first_divergence"),
-            list(d.get("worst", [])),
-            str(d.get("method", "scope")),
-            list(d.get("notes", [])),
-            list(d.get("candidates", [])),
-        )
 
 
 def _cos_snr(r: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, float, float]:

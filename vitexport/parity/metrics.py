@@ -1,19 +1,41 @@
 """Numbers that say how far one set of outputs is from the reference, and whether that is allowed.
 
 A :class:`CompareResult` is data (Polygraphy's comparator habit): statistics plus ``__bool__``;
-reports are rendered from it.
+reports are rendered from it. The classes serialise through :mod:`.data` (pydantic).
+
+The top-1 gate is not a coin toss. Where the reference barely prefers its top class (a random-weight
+model's logits are nearly flat; an ambiguous image has two close classes), any error at all may
+flip the top-1, and counting those flips gates on noise. Sample ``i``'s flip counts as a
+disagreement only when the reference's top-1/top-2 margin ``m_i`` is larger than the measured
+error can explain: ``m_i > z * sqrt(2) * sigma_i``, where ``sigma_i`` is that sample's RMS output
+error (over all of its outputs). Why this bound: the margin moves by the difference of two errors,
+``e_top2 - e_top1``; errors of RMS size ``sigma`` on two outputs move it by about ``sqrt(2) * sigma``
+(the spread of a difference of two independent errors), so a margin above ``z`` of those spreads
+(``Tolerance.top1_margin_z``, default 3: a one-sided 3-sigma event, ~0.1 % of samples) does not flip
+by chance. The bound cannot be bought by concentrating the error on the deciding outputs: ``sigma_i``
+averages over every output, so an error aimed at two logits of a thousand barely raises it and the
+flip counts. Nor by a large error everywhere: that lowers the cosine, which the stage gates too
+(``1 - cos ~ sigma^2 / (2 * mean(ref^2))``), so the excuse is bounded by the cosine budget. A non-finite
+output row always counts. Reported: ``top1_agreement`` (raw), ``top1_agreement_gated`` (what
+``Tolerance.top1_agreement`` gates) and ``top1_near_ties`` (samples whose margin is within the bound).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
+from pydantic import model_serializer
 
 from ..recipe import Tolerance
+from .data import Data, Sparse, TolerancePlain, result
 
-__all__ = ["Metrics", "Check", "CompareResult", "compute_metrics", "compare", "error_histogram", "HISTOGRAM_EDGES"]
+__all__ = ["Metrics", "Check", "CompareResult", "compute_metrics", "compare", "error_histogram", "HISTOGRAM_EDGES",
+           "DEFAULT_TOP1_MARGIN_Z"]
+
+#: the schema's default ``Tolerance.top1_margin_z`` (used when metrics are computed without a tolerance)
+DEFAULT_TOP1_MARGIN_Z: float = Tolerance.model_fields["top1_margin_z"].default
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -21,8 +43,15 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
 
 
-@dataclass
-class Metrics:
+@result
+class Metrics(Sparse):
+    """Distances of one output from the reference; ``None``: not measured (no classes, no labels).
+
+    ``top1_agreement`` counts every top-1 flip; ``top1_agreement_gated`` only flips the measured
+    error cannot explain, and ``top1_near_ties`` is how many samples had a margin that small (see
+    the module's docstring).
+    """
+
     max_abs: float
     mean_abs: float
     max_rel: float
@@ -30,25 +59,13 @@ class Metrics:
     cosine_mean: float
     snr_db: float
     top1_agreement: float | None = None
+    top1_agreement_gated: float | None = None
+    top1_near_ties: int | None = None
     top5_overlap: float | None = None
     accuracy: float | None = None
     reference_accuracy: float | None = None
     ref_scale: float = 1.0
     nonfinite: int = 0
-
-    def to_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Metrics":
-        """Inverse of :meth:`to_dict` (unknown keys are ignored, so older/newer reports load)."""
-        known = {f for f in cls.__dataclass_fields__}
-        kw = {k: (float(v) if v is not None else None) for k, v in data.items() if k in known}
-        if "nonfinite" in kw:
-            kw["nonfinite"] = int(kw["nonfinite"])
-        for k in ("max_abs", "mean_abs", "max_rel", "cosine_min", "cosine_mean", "snr_db"):
-            kw.setdefault(k, math.nan)
-        return cls(**kw)
 
     @property
     def rel_max_abs(self) -> float:
@@ -56,85 +73,98 @@ class Metrics:
         return self.max_abs / max(self.ref_scale, 1e-12)
 
 
-def compute_metrics(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None) -> Metrics:
+def _distances(ref: np.ndarray, out: np.ndarray) -> Metrics:
+    """Element and per-sample distances (non-finite outputs make them infinite, never NaN)."""
+    nonfinite = int((~np.isfinite(out)).sum())
+    diff = np.abs(out - ref)
+    ref_scale = float(np.abs(ref).max()) if ref.size else 1.0
+    if nonfinite:
+        return Metrics(math.inf, math.inf, math.inf, -1.0, -1.0, -math.inf, ref_scale=ref_scale, nonfinite=nonfinite)
+    r, o = _rows(ref), _rows(out)
+    num = (r * o).sum(1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1)
+    cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(r - o).sum(1) == 0, 1.0, 0.0))
+    noise = float(((o - r) ** 2).sum())
+    signal = float((r**2).sum())
+    return Metrics(
+        max_abs=float(diff.max()) if diff.size else 0.0,
+        mean_abs=float(diff.mean()) if diff.size else 0.0,
+        max_rel=float((diff / (np.abs(ref) + 1e-6 * max(ref_scale, 1e-12))).max()) if diff.size else 0.0,
+        cosine_min=float(np.min(cos)),
+        cosine_mean=float(np.mean(cos)),
+        snr_db=math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise),
+        ref_scale=ref_scale,
+    )
+
+
+def _classes(m: Metrics, ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None, z: float) -> None:
+    """Top-1 (raw and margin-gated), top-5 and accuracy of 2-D logits, into ``m``."""
+    finite = np.isfinite(out).all(1)
+    ref_top1 = ref.argmax(1)
+    out_top1 = np.where(finite, np.nan_to_num(out).argmax(1), -1)
+    agree = ref_top1 == out_top1
+    top2 = np.partition(ref, -2, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    sigma = np.sqrt(np.mean((np.where(finite[:, None], out, ref) - ref) ** 2, axis=1))
+    near = finite & (margin <= z * math.sqrt(2.0) * sigma)
+    m.top1_agreement = float(agree.mean())
+    m.top1_agreement_gated = float((agree | near).mean())
+    m.top1_near_ties = int(near.sum())
+    k = min(5, ref.shape[1])
+    rt = np.argsort(-ref, axis=1)[:, :k]
+    ot = np.argsort(-np.nan_to_num(out, nan=-np.inf), axis=1)[:, :k]
+    m.top5_overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(rt, ot)]))
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        m.accuracy = float((out_top1 == labels).mean())
+        m.reference_accuracy = float((ref_top1 == labels).mean())
+
+
+def compute_metrics(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None, *,
+                    top1_margin_z: float = DEFAULT_TOP1_MARGIN_Z) -> Metrics:
     """Compare ``out`` with ``ref`` (same shape, samples along axis 0).
 
-    Top-1 / top-5 are computed when the output is 2-D (a classifier's logits); accuracy when
-    ``labels`` are given. Non-finite outputs make every distance infinite, never NaN.
+    Args:
+        ref, out: reference and candidate outputs.
+        labels: optional integer labels (accuracy).
+        top1_margin_z: the near-tie bound of the gated top-1 agreement (module docstring).
+    Returns:
+        :class:`Metrics`. Top-1 / top-5 are computed when the output is 2-D (a classifier's
+        logits); accuracy when ``labels`` are given. Non-finite outputs make every distance
+        infinite, never NaN.
+    Raises:
+        ValueError: the shapes differ.
     """
     ref = np.asarray(ref, dtype=np.float64)
     out = np.asarray(out, dtype=np.float64)
     if ref.shape != out.shape:
         raise ValueError(f"output shape {out.shape} differs from the reference's {ref.shape}")
-    nonfinite = int((~np.isfinite(out)).sum())
-    diff = np.abs(out - ref)
-    ref_scale = float(np.abs(ref).max()) if ref.size else 1.0
-    if nonfinite:
-        max_abs = mean_abs = max_rel = math.inf
-        cos = np.full(ref.shape[0] if ref.ndim else 1, -1.0)
-        snr = -math.inf
-    else:
-        max_abs = float(diff.max()) if diff.size else 0.0
-        mean_abs = float(diff.mean()) if diff.size else 0.0
-        max_rel = float((diff / (np.abs(ref) + 1e-6 * max(ref_scale, 1e-12))).max()) if diff.size else 0.0
-        r, o = _rows(ref), _rows(out)
-        num = (r * o).sum(1)
-        den = np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1)
-        cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(r - o).sum(1) == 0, 1.0, 0.0))
-        noise = float(((o - r) ** 2).sum())
-        signal = float((r**2).sum())
-        snr = math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
-    m = Metrics(
-        max_abs=max_abs,
-        mean_abs=mean_abs,
-        max_rel=max_rel,
-        cosine_min=float(np.min(cos)),
-        cosine_mean=float(np.mean(cos)),
-        snr_db=snr,
-        ref_scale=ref_scale,
-        nonfinite=nonfinite,
-    )
+    m = _distances(ref, out)
     if ref.ndim == 2 and ref.shape[1] > 1:
-        ref_top1 = ref.argmax(1)
-        out_top1 = np.where(np.isfinite(out).all(1), np.nan_to_num(out).argmax(1), -1)
-        m.top1_agreement = float((ref_top1 == out_top1).mean())
-        k = min(5, ref.shape[1])
-        rt = np.argsort(-ref, axis=1)[:, :k]
-        ot = np.argsort(-np.nan_to_num(out, nan=-np.inf), axis=1)[:, :k]
-        m.top5_overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(rt, ot)]))
-        if labels is not None:
-            labels = np.asarray(labels).reshape(-1)
-            m.accuracy = float((out_top1 == labels).mean())
-            m.reference_accuracy = float((ref_top1 == labels).mean())
+        _classes(m, ref, out, labels, top1_margin_z)
     return m
 
 
-@dataclass
-class Check:
+@result
+class Check(Data):
+    """One gated metric: ``value op limit`` held (``passed``) or not."""
+
     metric: str
     value: float
     limit: float
     op: str  # "<=" or ">="
     passed: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "value": float(self.value), "limit": float(self.limit), "op": self.op,
-                "passed": bool(self.passed)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Check":
-        return cls(str(data["metric"]), float(data["value"]), float(data["limit"]), str(data["op"]), bool(data["passed"]))
-
     def __str__(self) -> str:
         return f"{self.metric}={self.value:.6g} (must be {self.op} {self.limit:.6g})"
 
 
-@dataclass
-class CompareResult:
+@result
+class CompareResult(Data):
     """Metrics plus the checks a tolerance made of them. ``bool(result)`` is whether all held."""
 
     metrics: Metrics
-    tolerance: Tolerance
+    tolerance: TolerancePlain
     checks: list[Check] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -147,13 +177,9 @@ class CompareResult:
     def tolerance_dict(self) -> dict[str, Any]:
         return self.tolerance.model_dump(exclude_none=True)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": bool(self),
-            "metrics": self.metrics.to_dict(),
-            "tolerance": self.tolerance_dict(),
-            "checks": [c.to_dict() for c in self.checks],
-        }
+    @model_serializer(mode="wrap")
+    def _with_verdict(self, handler) -> dict[str, Any]:
+        return {"passed": bool(self), **handler(self)}
 
 
 def compare(
@@ -174,12 +200,15 @@ def compare(
             masked row legitimately changes when a mask becomes ``where`` (uniform instead of NaN
             or zeros), so every metric is computed on real positions only, and with
             ``tolerance.exact_unmasked`` they must match within ``max_abs``.
+    Returns:
+        The :class:`CompareResult`. ``tolerance.top1_agreement`` gates the margin-gated top-1
+        agreement (check ``top1_agreement_gated``; see the module docstring).
     """
     if unmasked is not None:
         keep = np.broadcast_to(np.asarray(unmasked, bool), np.shape(ref))
         ref = np.where(keep, ref, 0.0)
         out = np.where(keep, out, 0.0)
-    m = compute_metrics(ref, out, labels)
+    m = compute_metrics(ref, out, labels, top1_margin_z=tolerance.top1_margin_z)
     checks: list[Check] = []
     if m.nonfinite:
         checks.append(Check("nonfinite", float(m.nonfinite), 0.0, "<=", False))
@@ -189,10 +218,9 @@ def compare(
         checks.append(Check(name, value, tolerance.max_abs, "<=", value <= tolerance.max_abs))
     if tolerance.cosine_min is not None:
         checks.append(Check("cosine_min", m.cosine_min, tolerance.cosine_min, ">=", m.cosine_min >= tolerance.cosine_min))
-    if tolerance.top1_agreement is not None and m.top1_agreement is not None:
-        checks.append(
-            Check("top1_agreement", m.top1_agreement, tolerance.top1_agreement, ">=", m.top1_agreement >= tolerance.top1_agreement)
-        )
+    if tolerance.top1_agreement is not None and m.top1_agreement_gated is not None:
+        gated = m.top1_agreement_gated  # flips on near-ties excused (module docstring)
+        checks.append(Check("top1_agreement_gated", gated, tolerance.top1_agreement, ">=", gated >= tolerance.top1_agreement))
     if tolerance.accuracy_drop is not None and m.accuracy is not None and m.reference_accuracy is not None:
         drop = m.reference_accuracy - m.accuracy
         checks.append(Check("accuracy_drop", drop, tolerance.accuracy_drop, "<=", drop <= tolerance.accuracy_drop))

@@ -113,14 +113,17 @@ _STAGE_COLUMNS = [
     ("stage", None), ("engine", None), ("result", None), ("changed", None),
     ("max abs", "max_abs"), ("max abs / ref", "_rel"), ("mean abs", "mean_abs"),
     ("cos min", "cosine_min"), ("cos mean", "cosine_mean"), ("SNR dB", "snr_db"),
-    ("top-1", "top1_agreement"), ("top-5", "top5_overlap"), ("acc", "accuracy"), ("time s", None),
+    # top-1: every flip counts; gated: flips on near-ties excused (what the gate checks; see
+    # vitexport.parity.metrics); near-ties: samples whose top-1/top-2 margin the error can explain
+    ("top-1", "top1_agreement"), ("top-1 gated", "top1_agreement_gated"), ("near-ties", "top1_near_ties"),
+    ("top-5", "top5_overlap"), ("acc", "accuracy"), ("time s", None),
 ]
 
 
 def _stage_row(s: Mapping[str, Any]) -> list[str]:
     m = s.get("metrics") or {}
     kinds = {"cosine_min": "cos", "cosine_mean": "cos", "snr_db": "db", "top1_agreement": "pct",
-             "top5_overlap": "pct", "accuracy": "pct"}
+             "top1_agreement_gated": "pct", "top5_overlap": "pct", "accuracy": "pct"}
     row = [s["stage"], s.get("engine", ""), _verdict(s.get("passed", True)),
            "–" if s.get("changed") is None else str(s["changed"])]
     for _, key in _STAGE_COLUMNS[4:-1]:

@@ -1,22 +1,26 @@
 """The per-stage gate: run a stage's artifact on the golden inputs, compare, keep the result as data.
 
 A :class:`StageResult` is what one stage did to the numbers; a :class:`ParityRun` is the ordered
-list of them plus what was run (model, target, data). ``parity.json`` is ``ParityRun.to_dict()``;
-reports are rendered from that dict, so ``vitexport parity OUT_DIR`` re-renders them from the file.
+list of them plus what was run (model, target, data). ``parity.json`` is ``ParityRun.to_dict()``
+(pydantic, see :mod:`.data`); reports are rendered from that dict, so ``vitexport parity OUT_DIR``
+re-renders them from the file, and ``ParityRun.from_dict`` reads it back.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from pydantic import Field, model_serializer, model_validator
 
 from ..engines.base import BaseRunner
 from ..errors import ParityFailure
-from ..recipe import Tolerance
+from ..recipe import StageName, Tolerance
+from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
 from .metrics import Check, Metrics, compare, error_histogram
 from .reference import GoldenReference
@@ -26,17 +30,16 @@ __all__ = ["StageResult", "ParityRun", "check_stage", "SCHEMA_VERSION", "DEFAULT
 SCHEMA_VERSION = 1
 DEFAULT_REFERENCE = "untouched torch model"
 
+#: a pipeline stage's name, or any other label (``compare``); a known name loads as its StageName
+StageLabel = Annotated[StageName | str, Field(union_mode="left_to_right")]
 
-def _float_or_none(v: Any) -> float | None:
-    return None if v is None else float(v)
 
-
-@dataclass
-class StageResult:
+@result
+class StageResult(Data):
     """One stage's parity outcome. ``bool(result)`` is ``passed``.
 
     Attributes:
-        stage: the stage name (``export_onnx``, ``quantize_int8``, ``compare``...).
+        stage: the stage name (a :class:`StageName`, or a label such as ``compare``).
         engine: what ran the stage's artifact (``torch``, ``onnxruntime``, ``tensorrt``...).
         reference: what it was compared with.
         passed: every check held.
@@ -49,27 +52,28 @@ class StageResult:
         artifacts: name → path of files the stage wrote.
         first_divergence: the first layer outside the budget (per-layer run), else the source of a
             NaN/Inf when one was located.
-        layers: per-layer results (``--layers``), in network order.
-        layer_report: the full :class:`LayerReport` behind ``layers``.
+        layer_report: per-layer results (``--layers``); ``layers`` is its list, in network order.
         nonfinite_source: where the first NaN/Inf was produced (node or module), when located.
         histogram: the relative-error histogram (see :func:`~.metrics.error_histogram`).
         details: stage-specific data for ``parity.json`` (a pass report, export facts...); must
             be JSON-serialisable.
+
+    In ``parity.json`` the layer report is split as before: ``layers`` (the list) and
+    ``layer_summary`` (the rest); ``failed_metric`` is added for readers of the file.
     """
 
-    stage: str
+    stage: StageLabel
     engine: str
     reference: str = DEFAULT_REFERENCE
     passed: bool = True
     changed: int | None = None
     metrics: Metrics | None = None
-    tolerance: Tolerance = field(default_factory=Tolerance)
+    tolerance: TolerancePlain = field(default_factory=Tolerance)
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
     first_divergence: str | None = None
-    layers: list[LayerResult] | None = None
     layer_report: LayerReport | None = None
     nonfinite_source: dict[str, Any] | None = None
     histogram: dict[str, Any] | None = None
@@ -78,6 +82,11 @@ class StageResult:
 
     def __bool__(self) -> bool:
         return bool(self.passed)
+
+    @property
+    def layers(self) -> list[LayerResult] | None:
+        """Per-layer results in network order (``--layers``), else None."""
+        return self.layer_report.layers if self.layer_report is not None else None
 
     @property
     def failed_check(self) -> Check | None:
@@ -110,7 +119,6 @@ class StageResult:
         """Keep a per-layer report; its first divergence becomes the stage's (a located NaN/Inf
         source stays in ``nonfinite_source``)."""
         self.layer_report = report
-        self.layers = list(report.layers)
         if report.first_divergence is not None:
             self.first_divergence = report.first_divergence
         self.notes.extend(f"layers: {n}" for n in report.notes)
@@ -126,87 +134,50 @@ class StageResult:
             s += f", first divergence {self.first_divergence}"
         return s
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "stage": self.stage,
-            "engine": self.engine,
-            "reference": self.reference,
-            "passed": bool(self.passed),
-            "changed": None if self.changed is None else int(self.changed),
-            "metrics": self.metrics.to_dict() if self.metrics is not None else {},
-            "tolerance": self.tolerance.model_dump(exclude_none=True, mode="json"),
-            "checks": [c.to_dict() for c in self.checks],
-            "failed_metric": self.failed_metric,
-            "seconds": float(self.seconds),
-            "parity_seconds": float(self.parity_seconds),
-            "notes": list(self.notes),
-            "artifacts": {k: str(v) for k, v in self.artifacts.items()},
-            "first_divergence": self.first_divergence,
-            "nonfinite_source": self.nonfinite_source,
-            "histogram": self.histogram,
-            "details": dict(self.details),
-        }
-        if self.layer_report is not None:
-            lr = self.layer_report.to_dict()
-            d["layers"] = lr.pop("layers")
-            d["layer_summary"] = lr
-        elif self.layers is not None:
-            d["layers"] = [r.to_dict() for r in self.layers]
-        else:
-            d["layers"] = None
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler) -> dict[str, Any]:
+        d = handler(self)
+        report = d.pop("layer_report")
+        d["failed_metric"] = self.failed_metric
+        d["layers"] = report.pop("layers") if report is not None else None
+        if report is not None:
+            d["layer_summary"] = report
         return d
 
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "StageResult":
-        layers = d.get("layers")
-        layer_report = None
-        layer_list = None
-        if layers is not None:
-            layer_list = [LayerResult.from_dict(x) for x in layers]
-            summary = dict(d.get("layer_summary") or {})
-            layer_report = LayerReport.from_dict({**summary, "layers": layers})
-            layer_list = layer_report.layers
-        metrics = d.get("metrics")
-        return cls(
-            stage=str(d["stage"]),
-            engine=str(d.get("engine", "")),
-            reference=str(d.get("reference", DEFAULT_REFERENCE)),
-            passed=bool(d.get("passed", True)),
-            changed=None if d.get("changed") is None else int(d["changed"]),
-            metrics=Metrics.from_dict(metrics) if metrics else None,
-            tolerance=Tolerance.model_validate(d.get("tolerance") or {}),
-            checks=[Check.from_dict(c) for c in d.get("checks", [])],
-            seconds=float(d.get("seconds", 0.0)),
-            notes=list(d.get("notes", [])),
-            artifacts=dict(d.get("artifacts", {})),
-            first_divergence=d.get("first_divergence"),
-            layers=layer_list,
-            layer_report=layer_report,
-            nonfinite_source=d.get("nonfinite_source"),
-            histogram=d.get("histogram"),
-            parity_seconds=float(d.get("parity_seconds", 0.0)),
-            details=dict(d.get("details") or {}),
-        )
+    def _as_read(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data  # positional construction
+        d = {k: v for k, v in data.items() if k not in ("failed_metric", "layers", "layer_summary")}
+        if data.get("layers") is not None:
+            d["layer_report"] = {**(data.get("layer_summary") or {}), "layers": data["layers"]}
+        if not d.get("metrics"):
+            d["metrics"] = None  # older files wrote {} for a stage without metrics
+        tol = d.get("tolerance")
+        if isinstance(tol, Mapping) and "top1_agreement" in tol and "top1_margin_z" not in tol:
+            d["tolerance"] = {**tol, "top1_margin_z": 0.0}  # files before the margin gate gated every flip
+        return d
 
 
-@dataclass
-class ParityRun:
+@result
+class ParityRun(Data):
     """All stages of one run, in order. ``bool(run)``: ``passed`` and every stage passed.
 
     ``passed`` may be set by the pipeline (a run can fail outside a stage); the verdict written to
     ``parity.json`` is ``passed and all(stage.passed)``, so appending a failed stage is enough.
     ``notes`` are run-level remarks, ``skipped`` the stages the recipe disabled, ``extra`` further
-    top-level keys for ``parity.json`` (versions, timestamps...).
+    top-level keys for ``parity.json`` (versions, timestamps...; unknown keys of a file land here).
     """
 
+    passed: bool = True
     model: str = ""
     target: str = ""
     data: str = ""
-    stages: list[StageResult] = field(default_factory=list)
-    passed: bool = True
     reference: str = DEFAULT_REFERENCE
     notes: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[StageLabel] = field(default_factory=list)
+    stages: list[StageResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -237,7 +208,7 @@ class ParityRun:
         if err is not None:
             raise err
 
-    def stage(self, name: str) -> StageResult | None:
+    def stage(self, name: StageName | str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
 
     def summary(self) -> str:
@@ -254,42 +225,30 @@ class ParityRun:
             lines.append("parity: FAIL")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``parity.json`` document."""
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler) -> dict[str, Any]:
+        """The ``parity.json`` document: the fields, the verdict, where it failed, then ``extra``."""
+        d = handler(self)
+        extra = d.pop("extra")
         failed = self.failed_stage
-        d: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "passed": self.verdict,
-            "model": self.model,
-            "target": self.target,
-            "data": self.data,
-            "reference": self.reference,
-            "failed_stage": failed.stage if failed is not None else None,
-            "failed_metric": failed.failed_metric if failed is not None else None,
-            "first_divergence": failed.first_divergence if failed is not None else None,
-            "notes": list(self.notes),
-            "skipped": list(self.skipped),
-            "stages": [s.to_dict() for s in self.stages],
-        }
-        for k, v in self.extra.items():
-            d.setdefault(k, v)
-        return d
+        out = {"schema_version": SCHEMA_VERSION, **d, "passed": self.verdict,
+               "failed_stage": str(failed.stage) if failed is not None else None,
+               "failed_metric": failed.failed_metric if failed is not None else None,
+               "first_divergence": failed.first_divergence if failed is not None else None}
+        for k, v in extra.items():
+            out.setdefault(k, v)
+        return out
 
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ParityRun":
-        known = {"schema_version", "passed", "model", "target", "data", "reference", "failed_stage",
-                 "failed_metric", "first_divergence", "stages", "notes", "skipped"}
-        return cls(
-            model=str(d.get("model", "")),
-            target=str(d.get("target", "")),
-            data=str(d.get("data", "")),
-            stages=[StageResult.from_dict(s) for s in d.get("stages", [])],
-            passed=bool(d.get("passed", True)),
-            reference=str(d.get("reference", DEFAULT_REFERENCE)),
-            notes=list(d.get("notes", [])),
-            skipped=list(d.get("skipped", [])),
-            extra={k: v for k, v in d.items() if k not in known},
-        )
+    def _as_read(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        known = {f.name for f in dataclasses.fields(cls)}
+        derived = {"schema_version", "failed_stage", "failed_metric", "first_divergence"}
+        d = {k: v for k, v in data.items() if k in known}
+        d["extra"] = {**(data.get("extra") or {}), **{k: v for k, v in data.items() if k not in known | derived}}
+        return d
 
 
 def _primary(outputs: Mapping[str, np.ndarray]) -> np.ndarray:

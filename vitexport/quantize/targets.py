@@ -138,6 +138,10 @@ class QuantTarget:
         self.spec = spec
 
     # --- hooks ------------------------------------------------------------------------------------
+    def contribution(self):
+        """Files and stages this target adds to the pipeline (a ``vitexport.stages.Contribution``), or None."""
+        return None
+
     def symmetric_activations(self) -> bool:
         return self.force_symmetric or not self.spec.asymmetric_activations
 
@@ -273,6 +277,12 @@ class OrinTarget(QuantTarget):
         if seq > self.MAX_FUSED_SEQ:
             return False, f"sequence length {seq} > {self.MAX_FUSED_SEQ}: no fused INT8 attention"
         return True, ""
+
+    def contribution(self):
+        """``build_engine.sh`` and the TensorRT engine stage."""
+        from ..stages.engine import TENSORRT  # lazy: quantize/ does not import the pipeline's stages
+
+        return TENSORRT
 
 
 class NpuTarget(QuantTarget):

@@ -1,0 +1,70 @@
+"""The stage list a recipe gets: the Stage protocol, order, toggles, and what a target contributes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vitexport.engines import tensorrt_available
+from vitexport.recipe import PASS_STAGES, StageName, available_recipes, load_recipe
+from vitexport.stages import (
+    TENSORRT,
+    BuildEngineStage,
+    Contribution,
+    QuantizeStage,
+    Stage,
+    content_key,
+    pipeline_stages,
+    target_contribution,
+)
+
+
+@pytest.mark.parametrize("name", available_recipes())
+def test_every_recipe_gets_its_stages_in_pipeline_order(name):
+    recipe = load_recipe(name)
+    stages = pipeline_stages(recipe)
+    assert all(isinstance(s, Stage) for s in stages)
+    names = [s.name for s in stages]
+    assert names == sorted(names, key=list(StageName).index) and len(set(names)) == len(names)
+    assert names[:6] == [*PASS_STAGES, StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
+    # only the torch stages read the torch model: the loop frees it after the export
+    assert [s.name for s in stages if s.needs_torch] == [*PASS_STAGES, StageName.export_onnx]
+    for stage in stages:
+        assert recipe.tolerance(stage.name) is getattr(recipe.parity, stage.name)
+
+
+def test_the_orin_target_contributes_the_engine_stage_and_script():
+    orin, cpu, npu = (load_recipe(n) for n in ("orin", "cpu", "npu"))
+    assert target_contribution(orin) is TENSORRT
+    assert target_contribution(cpu) == target_contribution(npu) == Contribution()
+    assert [s.name for s in pipeline_stages(orin)][-1] == StageName.build_engine
+    assert StageName.build_engine not in [s.name for s in pipeline_stages(cpu)]
+    quantize = next(s for s in pipeline_stages(orin) if isinstance(s, QuantizeStage))
+    assert quantize.artifacts == TENSORRT.artifacts  # build_engine.sh is written with the Q/DQ model
+
+
+def test_the_engine_stage_follows_both_toggles():
+    stage = BuildEngineStage()
+    assert stage.enabled(load_recipe("orin"))
+    assert not stage.enabled(load_recipe("orin", ["stages.build_engine.enabled=false"]))
+    assert not stage.enabled(load_recipe("orin", ["stages.quantize_int8.enabled=false"]))  # nothing to build
+
+
+def test_content_keys_hash_values_not_identities():
+    assert content_key("a", {"x": 1, "y": [2]}) == content_key("a", {"y": [2], "x": 1})
+    assert content_key("a", b"\x00") != content_key("a", b"\x01") != content_key("b", b"\x01")
+    assert content_key(StageName.simplify) == content_key("simplify")
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not tensorrt_available(), reason="needs the tensorrt package and an NVIDIA GPU")
+@pytest.mark.parametrize("recipe", ["orin", "orin-jp5"])
+def test_engine_stage_builds_and_gates_the_engine(recipe, tmp_path):  # pragma: no cover - needs TensorRT
+    """The engine is built the way ``quantization.strongly_typed`` says and passes its gate."""
+    from cli_helpers import run_cli
+
+    proc = run_cli("export", "--target", recipe, "--out", str(tmp_path), "--set", "quantization.measure_latency=false")
+    assert proc.returncode == 0, proc.stderr
+    stages = {s["stage"]: s for s in json.loads((tmp_path / "parity.json").read_text())["stages"]}
+    assert stages["build_engine"]["engine"] == "tensorrt" and stages["build_engine"]["passed"]
+    assert (tmp_path / "model.int8.plan").stat().st_size > 0

@@ -1,0 +1,65 @@
+"""ONNX export and simplification as stages: ``export_onnx`` → ``model.raw.onnx``, ``simplify`` →
+``model.fp32.onnx``, each gated with ONNX Runtime against the golden reference."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ..io import sha256_file
+from ..recipe import Recipe, StageName
+from .base import FP32_ONNX, RAW_ONNX, RunContext, StageOutput, content_key, module_hash, trim_memory
+
+__all__ = ["ExportStage", "SimplifyStage"]
+
+
+class ExportStage:
+    """The rewritten torch model → fixed-shape ONNX (``vitexport.export.export_onnx``)."""
+
+    name: ClassVar[StageName] = StageName.export_onnx
+    needs_torch: ClassVar[bool] = True
+
+    def enabled(self, recipe: Recipe) -> bool:
+        return True
+
+    def key(self, ctx: RunContext) -> str:
+        return content_key(ctx.key, module_hash(ctx.module, ctx.model.example_inputs),
+                           ctx.recipe.export.model_dump(mode="json"))
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        from ..export import export_onnx
+
+        raw = ctx.out_dir / RAW_ONNX
+        trim_memory()  # the exporter holds about two more copies of the weights: start from a trimmed heap
+        exp = export_onnx(ctx.module, ctx.model.example_inputs, raw, ctx.recipe.export)
+        return StageOutput(files={RAW_ONNX: raw}, notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes],
+                           details={"export": exp.to_dict()})
+
+    def runner(self, ctx: RunContext, out: StageOutput):
+        from ..engines import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(out.files[RAW_ONNX], name=self.name)
+
+
+class SimplifyStage:
+    """onnxsim plus the target's contract check (``vitexport.export.simplify_onnx``)."""
+
+    name: ClassVar[StageName] = StageName.simplify
+    needs_torch: ClassVar[bool] = False
+
+    def enabled(self, recipe: Recipe) -> bool:
+        return True
+
+    def key(self, ctx: RunContext) -> str:
+        r = ctx.recipe
+        return content_key(ctx.key, sha256_file(ctx.files[RAW_ONNX]), r.contract.model_dump(mode="json"), r.export.simplify)
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        from ..export import simplify_onnx
+
+        fp32 = ctx.out_dir / FP32_ONNX
+        simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.recipe)
+        return StageOutput(files={FP32_ONNX: fp32}, notes=list(simp.notes), details={"simplify": simp.to_dict()})
+
+    def runner(self, ctx: RunContext, out: StageOutput):
+        from ..engines import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(out.files[FP32_ONNX], name=self.name)
