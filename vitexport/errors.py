@@ -130,7 +130,7 @@ def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
             hits = [f for f in _frames(tb) if os.path.dirname(f.filename) in user_dirs]
             if hits:
                 return hits[-1]
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        exc = exc.__cause__  # type: ignore[assignment]  # explicit chaining only: a bug raised while handling is ours
     return None
 
 

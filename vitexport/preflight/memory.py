@@ -137,11 +137,12 @@ def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes:
             acts = image[0] * tokens * conv.out_channels * 4 * 8  # stem output, MLP hidden, residuals
             if heads:
                 acts = max(acts, image[0] * heads * tokens * tokens * 4 * 3)  # scores, softmax, a copy
-            needs.append(Need(f"one forward pass over {tokens} tokens/positions per image", acts, setting))
+            needs.append(Need(f"one forward pass on input shape {','.join(map(str, image))} ({tokens} tokens or "
+                              "positions per image)", acts, setting))
     else:
         seq = next((s for s in shapes.values() if len(s) == 2), None)
         if seq is not None and heads:
-            needs.append(Need(f"attention over {seq[1]} tokens", seq[0] * heads * seq[1] ** 2 * 4 * 3, setting))
+            needs.append(Need(f"attention on input shape {seq[0]},{seq[1]}", seq[0] * heads * seq[1] ** 2 * 4 * 3, setting))
     return needs
 
 
