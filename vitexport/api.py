@@ -9,8 +9,10 @@ import numpy as np
 
 from .calibration import SampleSet, load_samples, random_samples
 from .calibration.data import NpzSamples
-from .errors import BadInput
+from .errors import BadInput, InternalError, ParityFailure, VitexportError, classify
+from .io import write_error_log
 from .pipeline import Artifacts, run_pipeline
+from .preflight import check_model, check_output_folder, run_needs
 from .recipe import Recipe, StageName, available_recipes, load_recipe
 from .sources import LoadedModel, load_model
 
@@ -57,11 +59,17 @@ def prepare(
 ) -> tuple[LoadedModel, Recipe, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
+    Pre-flight: the memory the inputs, one forward, the histograms and the golden reference need
+    is checked against what the machine has, and the model is run twice on a few parity samples
+    (it must run, and agree with itself).
+
     With no ``model_uri`` the bundled demo (and its weights and data) is used.
     Returns:
         (model, recipe, calibration samples, parity samples, notes for the report).
     Raises:
-        BadInput: bad recipe, model, weights, shape or data.
+        BadInput: bad recipe, model, weights, shape or data; a model that is not deterministic.
+        UserCodeError: the user's ``python:`` code raised (importing, building or in forward).
+        ResourceLimit: the run cannot fit in memory (the estimate and the setting are named).
     """
     from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
 
@@ -81,7 +89,8 @@ def prepare(
         calib_set = load_samples(parity_data, model.example_inputs, num_samples=cal_spec.num_samples, seed=cal_spec.seed, **kw)
         notes.append("no --calib given: calibrated on the parity data")
     else:
-        calib_set = random_samples(model.example_inputs, min(cal_spec.num_samples, 32), seed=cal_spec.seed)
+        calib_set = random_samples(model.example_inputs, min(cal_spec.num_samples, 32), seed=cal_spec.seed,
+                                   setting="lower calibration.num_samples")
         notes.append("no --calib given: calibrated on synthetic Gaussian inputs, INT8 quality here says little")
     pd = recipe.parity_data
     if parity_data is not None:
@@ -90,10 +99,14 @@ def prepare(
         parity_set = load_samples(calib, model.example_inputs, num_samples=pd.num_samples, seed=pd.seed, **kw)
         notes.append("no --parity-data given: parity measured on the calibration data")
     else:
-        parity_set = random_samples(model.example_inputs, pd.synthetic_samples, seed=pd.seed + 1)
+        parity_set = random_samples(model.example_inputs, pd.synthetic_samples, seed=pd.seed + 1,
+                                    setting="lower parity_data.synthetic_samples")
         notes.append("no --parity-data given: parity measured on synthetic inputs")
     batch = next(iter(model.example_inputs.values())).shape[0]
-    return model, recipe, calib_set, _fit_batch(parity_set, batch), notes
+    run_needs(model, recipe, len(parity_set))
+    parity_set = _fit_batch(parity_set, batch)
+    check_model(model, parity_set)
+    return model, recipe, calib_set, parity_set, notes
 
 
 def export(
@@ -129,24 +142,48 @@ def export(
     Returns:
         :class:`~vitexport.pipeline.Artifacts`.
     Raises:
-        BadInput: bad input of any kind (exit code 2); nothing new is left behind.
+        BadInput: bad input of any kind (exit code 2), including :class:`~vitexport.errors.UserCodeError`
+            (the user's model code raised) and :class:`~vitexport.errors.ResourceLimit` (it cannot fit in
+            memory); nothing new is left behind.
         ParityFailure: a stage missed its tolerance (exit code 1); reports are written.
+        InternalError: a bug in vitexport (exit code 3); the traceback is in ``OUT/error.log``.
     """
-    model, recipe, calib_set, parity_set, notes = prepare(
-        model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
-        parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle,
-    )
-    out_dir = Path(out) if out is not None else DEFAULT_BUILD_DIR / f"{model.name}-{recipe.name}"
-    existed = out_dir.exists()
+    where: dict = {"out": None, "existed": True}
     try:
+        if out is not None:  # checked first: a bad folder fails before a model is loaded
+            where["out"] = check_output_folder(out)
+            where["existed"] = where["out"].exists()
+        model, recipe, calib_set, parity_set, notes = prepare(
+            model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
+            parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle,
+        )
+        if where["out"] is None:
+            where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{recipe.name}")
+            where["existed"] = where["out"].exists()
+        out_dir: Path = where["out"]
         return run_pipeline(model, recipe, out_dir, calib=calib_set, parity_data=parity_set,
                             data_note="; ".join(notes), layers=layers, resume=resume, log=log,
                             keep_source=layers)  # the model was loaded for this run: the pipeline may consume it
-    except BadInput:
-        # A bad input found mid-run (a contract violation, say) leaves no half-made folder behind.
-        if not existed:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
+    except ParityFailure:
+        raise  # reports are written: the folder stays
+    except BaseException as exc:  # sys.exit in the user's model code too
+        err = _failed(exc, where["out"], where["existed"])
+        if err is None or err is exc:
+            raise
+        raise err from exc
+
+
+def _failed(exc: BaseException, out_dir: Path | None, existed: bool) -> VitexportError | None:
+    """What a failed run raises (see :func:`vitexport.errors.classify`); a folder the run made is
+    removed (nothing half-made is left), except for ``error.log`` holding an internal error's traceback."""
+    err = classify(exc)
+    if err is None:  # interrupted: resume picks up the finished stages
+        return None
+    if out_dir is not None and not existed:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    if isinstance(err, InternalError) and out_dir is not None:
+        err.log_path = write_error_log(out_dir, exc)
+    return err
 
 
 def render_parity(out_dir: str | Path) -> dict[str, Path]:

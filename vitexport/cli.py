@@ -1,13 +1,18 @@
 """The ``vitexport`` command: parse arguments, call :mod:`vitexport.api`, print, return an exit code.
 
 Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named); 2 bad input
-(usage, recipe, data, model), always one line on stderr and no traceback.
+(usage, recipe, data, model, an exception from the user's model code, not enough memory); 3 an
+internal error (its traceback in ``OUT/error.log``). Every error is one line on stderr; ``-v``
+adds the traceback. Warnings are one line each too.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Sequence
+import traceback
+import warnings
+from typing import Iterator, Sequence
 
 __all__ = ["main", "build_parser"]
 
@@ -34,6 +39,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _print_summary(arts) -> None:
     run = arts.parity
+    vacuous = run.extra.get("vacuous_gate")
+    if vacuous:
+        print(f"vitexport: warning: the parity gate is vacuous: {vacuous}", file=sys.stderr)
     for note in run.notes:
         print(f"note: {note}")
     accs = [(s.stage, s.metrics) for s in run.stages if s.metrics.accuracy is not None]
@@ -124,27 +132,75 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .errors import VitexportError
+@contextlib.contextmanager
+def _verbose_log(verbose: bool) -> Iterator[None]:
+    """``-v``: the package's log on stderr for this call (removed after, so that ``main`` called
+    again in one process neither doubles the lines nor writes to a stream that has gone)."""
+    if not verbose:
+        yield
+        return
+    import logging
 
-    if args.verbose:
-        import logging
-
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-        pkg = logging.getLogger("vitexport")
-        pkg.addHandler(handler)
-        pkg.setLevel(logging.DEBUG)
-
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    pkg = logging.getLogger("vitexport")
+    level = pkg.level
+    pkg.addHandler(handler)
+    pkg.setLevel(logging.DEBUG)
     try:
-        return args.func(args)
-    except VitexportError as err:
-        print(f"vitexport: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
+        yield
+    finally:
+        pkg.removeHandler(handler)
+        pkg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _one_line_warnings(verbose: bool) -> Iterator[None]:
+    """Print each warning as ``vitexport: warning: ...`` on one line, never with a line of source;
+    other libraries' warnings only with ``-v``."""
+    from .errors import VitexportWarning, one_line
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        ours = issubclass(category, VitexportWarning)
+        if ours or verbose:
+            text = one_line(str(message), 400)
+            print(f"vitexport: warning: {text if ours else f'{category.__name__}: {text}'}", file=sys.stderr)
+
+    saved = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
+
+
+def _fail(exc: BaseException, verbose: bool) -> int:
+    """Print what went wrong as one line (and the traceback with ``-v``); return the exit code."""
+    from .errors import InternalError, VitexportError, classify
+
+    err = classify(exc)
+    if err is None:
         print("vitexport: interrupted", file=sys.stderr)
         return 130
+    msg = str(err)
+    if isinstance(err, InternalError):
+        log = getattr(err, "log_path", None)
+        msg += f"; traceback in {log}" if log else ("" if verbose else "; run with -v for the traceback")
+    cause = exc if err is not exc else err.__cause__
+    if verbose and cause is not None and not (isinstance(cause, VitexportError) and cause is err):
+        traceback.print_exception(cause, file=sys.stderr)
+    print(f"vitexport: error: {msg}", file=sys.stderr)
+    return err.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    with _verbose_log(args.verbose), _one_line_warnings(args.verbose):
+        try:
+            return args.func(args)
+        except BaseException as exc:  # the one error boundary: every failure becomes an exit code
+            return _fail(exc, args.verbose)
 
 
 if __name__ == "__main__":

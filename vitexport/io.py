@@ -8,13 +8,27 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ArtifactWriteError
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file", "display_path"]
+__all__ = [
+    "atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_file", "display_path",
+    "remove_stale_temps", "write_error_log", "ERROR_LOG",
+]
+
+ERROR_LOG = "error.log"
+_TEMP_TAG = ".vxtmp"  # temp names: .<target name>.vxtmp<pid>-<random><suffix>[.<onnx external data>]
+_TEMP_RE = re.compile(r"^\..+" + re.escape(_TEMP_TAG) + r"(\d+)-[A-Za-z0-9_]+")
+
+
+def _temp_prefix(target: Path) -> str:
+    # the writer's pid in the name tells a later run whether the file is stale (its writer is gone)
+    return f".{target.name}{_TEMP_TAG}{os.getpid()}-"
 
 
 @contextlib.contextmanager
@@ -26,7 +40,7 @@ def atomic_path(target: str | Path, suffix: str | None = None) -> Iterator[Path]
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix or ".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(target), suffix=suffix or target.suffix or ".tmp", dir=target.parent)
     except OSError as exc:
         raise ArtifactWriteError(f"cannot write {target}: {exc.strerror or exc}") from None
     os.close(fd)
@@ -91,3 +105,49 @@ def display_path(text: str) -> str:
         return str(p.relative_to(Path.cwd()))
     except ValueError:
         return text
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Remove the temp files of :func:`atomic_path` that a killed run left in ``folder``.
+
+    Only regular files named with our own temp pattern whose writing process is gone are removed
+    (a run writing into the same folder right now keeps its files).
+
+    Returns:
+        The removed paths.
+    """
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _TEMP_RE.match(p.name)
+        if m is None or not p.is_file() or p.is_symlink() or _alive(int(m.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+def write_error_log(folder: str | Path, exc: BaseException) -> Path | None:
+    """Write ``exc``'s traceback to ``folder/error.log`` (the folder is created); None if that fails."""
+    path = Path(folder) / ERROR_LOG
+    text = "".join(traceback.format_exception(exc))
+    try:
+        atomic_write_text(path, text)
+    except (ArtifactWriteError, OSError):
+        return None
+    return path

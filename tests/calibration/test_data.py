@@ -208,3 +208,53 @@ def test_random_samples_exercise_padding():
     m = s.arrays["attention_mask"]
     assert m.dtype == np.int64 and m.min() == 0 and m.max() == 1 and (m[:, 0] == 1).all()
     assert random_samples(TEXT, 32, seed=0).fingerprint() == s.fingerprint()
+
+
+def test_fifo_among_images_is_skipped_not_opened(folder):
+    """Opening a FIFO waits for a writer forever: only regular files are read."""
+    import os
+
+    os.mkfifo(folder / "stream.jpg")
+    with pytest.warns(UnreadableImagesWarning, match=r"stream.jpg \(not a regular file\)"):
+        s = load_samples(folder, EX)
+    assert len(s) == 8 and folder / "stream.jpg" not in s.files
+
+
+def test_skipped_images_say_why(folder):
+    from hostile import forged_png
+
+    forged_png(folder / "huge.png", 100_000, 100_000)
+    (folder / "junk.jpg").write_bytes(b"junk")
+    with pytest.warns(UnreadableImagesWarning) as rec:
+        load_samples(folder, EX)
+    text = str(rec[0].message)
+    assert "huge.png (too large: over" in text and "pixels" in text and "junk.jpg (not an image)" in text
+
+
+@pytest.mark.parametrize("labels,message", [
+    (np.array(["cat", "dog", "cat", "dog"]), "'y' holds strings"),
+    (np.array([0.5, 1.0, 2.0, 3.0]), "integer class indices"),
+    (np.eye(4, 3), "not one-hot"),
+    (np.array([0, -1, 2, 1]), "negative labels"),
+    (np.array([{"a": 1}] * 4, dtype=object), "not a readable"),
+])
+def test_labels_must_be_class_indices(tmp_path, labels, message):
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32), y=labels)
+    with pytest.raises(BadInput, match=message):
+        load_samples(tmp_path / "d.npz", EX)
+
+
+def test_integral_float_labels_become_integers(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32), y=np.array([[0.0], [1.0], [2.0], [1.0]]))
+    s = load_samples(tmp_path / "d.npz", EX)
+    assert s.labels.dtype == np.int64 and s.labels.tolist() == [0, 1, 2, 1]
+
+
+def test_data_files_are_told_by_content(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32))
+    (tmp_path / "d.npz").rename(tmp_path / "calibration.data")  # an .npz under any name is an .npz
+    assert len(load_samples(tmp_path / "calibration.data", EX)) == 4
+    with open(tmp_path / "single.npz", "wb") as fh:
+        np.save(fh, np.zeros((4, 3, 32, 32), np.float32))
+    with pytest.raises(BadInput, match="single .npy array"):
+        load_samples(tmp_path / "single.npz", EX)

@@ -70,3 +70,27 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     from vitexport.memory import resident_bytes
 
     assert m.peak_bytes - resident_bytes() < 32 << 20
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_header_claiming_more_rows_than_the_file_holds_is_refused(tmp_path, compressed):
+    """numpy allocates what a header declares before reading: 40 M rows must not be attempted."""
+    from hostile import npz_with_header
+
+    path = npz_with_header(tmp_path / "forged.npz", (40_000_000, 3, 32, 32), 4, compressed)
+    with PeakMeter() as meter:
+        with pytest.raises(BadInput, match="forged header"):
+            load_samples(path, EX)
+    assert meter.peak_bytes is None or meter.peak_bytes < 4 << 30
+
+
+def test_a_decompression_bomb_is_refused_before_inflating(tmp_path, monkeypatch):
+    np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros((4096, 3, 32, 32), np.float32))  # 48 MB in ~50 KB
+    assert (tmp_path / "bomb.npz").stat().st_size < 1 << 20
+    monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "16M")
+    from vitexport.errors import ResourceLimit
+
+    with pytest.raises(ResourceLimit, match=r"inflation.*16.0 MB available; save the data with np.savez"):
+        load_samples(tmp_path / "bomb.npz", EX)
+    monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "1G")
+    assert len(load_samples(tmp_path / "bomb.npz", EX)) == 4096

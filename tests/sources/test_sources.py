@@ -191,3 +191,89 @@ def test_malformed_input_shape(text):
         return
     with pytest.raises(BadInput, match="--input-shape"):
         parse_input_shape(text)
+
+
+# --- reproducibility, input binding, the built input size ------------------------------------------
+def _state_bytes(m) -> bytes:
+    return b"".join(v.numpy().tobytes() for v in m.module.model.state_dict().values())
+
+
+@pytest.mark.parametrize("uri", ["timm:vit_tiny_patch16_224", "torchvision:resnet18"])
+def test_models_without_weights_are_built_the_same_every_time(uri):
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    a = load_model(uri)
+    after = torch.rand(3)
+    b = load_model(uri)
+    assert _state_bytes(a) == _state_bytes(b)
+    assert torch.equal(before, after), "building a model must not move the caller's random state"
+
+
+def test_an_unseeded_user_build_is_seeded_too(tmp_path):
+    src = tmp_path / "unseeded.py"
+    src.write_text("import torch\n\ndef build():\n    m = torch.nn.Linear(4, 3)\n    m.pretrained_cfg = {}\n    return m\n")
+    a = load_model(f"python:{src}:build", input_shape="2,3,4,4")
+    torch.rand(5)  # whatever the caller's generator did in between
+    b = load_model(f"python:{src}:build", input_shape="2,3,4,4")
+    assert _state_bytes(a) == _state_bytes(b)
+
+
+def test_python_model_takes_its_built_size_not_its_pretrained_one(tmp_path):
+    """timm's pretrained cfg describes the checkpoint (dinov2: 518); the module built with another
+    img_size takes that size."""
+    src = tmp_path / "small.py"
+    src.write_text("import timm\n\ndef build():\n    return timm.create_model('vit_tiny_patch16_224', img_size=64, num_classes=3)\n")
+    m = load_model(f"python:{src}:build")
+    assert m.module.model.pretrained_cfg["input_size"] == (3, 224, 224)
+    assert tuple(m.example_inputs["x"].shape) == (1, 3, 64, 64)
+    assert _out(m).shape == (1, 3)
+
+
+def test_hf_model_from_a_python_file_gets_pixel_values(tmp_path):
+    """Its forward takes **kwargs: the input must be bound to its real name, not passed as x=."""
+    src = tmp_path / "hfnet.py"
+    src.write_text(
+        "from transformers import ViTConfig, ViTForImageClassification\n\n"
+        "def build():\n"
+        "    cfg = ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,\n"
+        "                    image_size=32, patch_size=8, num_labels=4)\n"
+        "    return ViTForImageClassification(cfg)\n"
+    )
+    m = load_model(f"python:{src}:build")
+    assert list(m.example_inputs) == ["pixel_values"] and m.module.keyword
+    assert tuple(m.example_inputs["pixel_values"].shape) == (1, 3, 32, 32)
+    with torch.no_grad():
+        want = m.module.model(pixel_values=m.example_inputs["pixel_values"]).logits
+    torch.testing.assert_close(_out(m), want)
+
+
+def test_weights_format_is_told_by_content(tmp_path, tiny_vit_file):
+    """A safetensors file named .bin is read as safetensors, not refused as a pickle."""
+    from safetensors.torch import save_file
+
+    src = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    sd = {k: v.clone() + 1 for k, v in src.module.model.state_dict().items()}
+    save_file(sd, str(tmp_path / "pytorch_model.bin"))
+    m = load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "pytorch_model.bin", input_shape="1,3,32,32")
+    torch.testing.assert_close(m.module.model.q.weight, sd["q.weight"])
+    torch.save(sd, tmp_path / "weights.safetensors")  # and a torch checkpoint under a safetensors name
+    m = load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "weights.safetensors", input_shape="1,3,32,32")
+    torch.testing.assert_close(m.module.model.q.weight, sd["q.weight"])
+
+
+def test_integer_weights_for_float_parameters_are_refused(tmp_path, tiny_vit_file):
+    from safetensors.torch import save_file
+
+    src = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
+    sd = {k: (v * 100).to(torch.int64) for k, v in src.module.model.state_dict().items()}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    with pytest.raises(BadInput, match="holds int64 values, the model's is float32"):
+        load_model(f"python:{tiny_vit_file}:build", weights=tmp_path / "w.safetensors", input_shape="1,3,32,32")
+
+
+def test_hf_preprocessor_values_are_type_checked(tmp_path):
+    _save_hf_vit(tmp_path, with_preproc=False)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": "32"}}))
+    with pytest.raises(BadInput, match="'size'"):
+        load_model(f"hf:{tmp_path}")

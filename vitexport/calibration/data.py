@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from ..errors import BadInput
+from ..errors import BadInput, VitexportWarning, one_line
+from ..preflight.memory import Need, require
 from .npz import NpzMember, open_members
-from .images import ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline
+from .images import IMAGE_SUFFIXES, ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline, why_unreadable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..recipe import PreprocessSpec
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class UnreadableImagesWarning(UserWarning):
+class UnreadableImagesWarning(VitexportWarning):
     """Some files in a calibration folder could not be decoded and were skipped."""
 
 
@@ -226,16 +227,35 @@ class NpzFileSamples(SampleSet):
 _CHUNK = 16  # rows per read when a whole file is streamed (validation, fingerprint)
 
 
+def _check_labels(y: np.ndarray, p: Path) -> np.ndarray:
+    """Labels must be integer class indices, one per sample: string or fractional labels would
+    make every accuracy silently 0."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise BadInput(f"{p}: 'y' has shape {tuple(y.shape)}; labels must be one integer class index per sample "
+                       "(not one-hot)")
+    if y.dtype.kind in "iu" or y.dtype == np.bool_:
+        pass
+    elif y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
+        y = y.astype(np.int64)
+    else:
+        what = {"U": "strings", "S": "bytes", "O": "objects"}.get(y.dtype.kind, f"{y.dtype} values")
+        raise BadInput(f"{p}: 'y' holds {what}; labels must be integer class indices (map class names to 0..K-1)")
+    if len(y) and y.min() < 0:
+        raise BadInput(f"{p}: 'y' holds negative labels ({int(y.min())}); labels must be class indices 0..K-1")
+    return y.astype(np.int64, copy=False)
+
+
 def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int) -> NpzFileSamples:
     try:
         arrays = open_members(p)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        msg = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise BadInput(f"{p}: not a readable .npz file ({msg})") from None
+        raise BadInput(f"{p}: not a readable .npz file ({one_line(str(exc), 200) or type(exc).__name__})") from None
     if not arrays:
         raise BadInput(f"{p}: holds no arrays")
     labels = arrays.pop("y", None)
-    labels = None if labels is None else np.asarray(labels)
+    labels = None if labels is None else _check_labels(np.asarray(labels), p)
     inputs, dtypes = _check_shapes(arrays, example, p)
     n = len(next(iter(inputs.values())))
     if n == 0:
@@ -275,31 +295,53 @@ def _load_folder(p: Path, example: dict[str, np.ndarray], num_samples: int | Non
     if ex.ndim != 4 or ex.shape[1] != 3 or not np.issubdtype(ex.dtype, np.floating):
         raise BadInput(f"{p}: an image folder needs a float N,3,H,W model input; '{name}' is {ex.dtype} {tuple(ex.shape)}")
     pipeline = resolve_pipeline(tuple(ex.shape), preprocess, spec)
-    candidates = find_images(p)
+    others: list[Path] = []
+    candidates = find_images(p, others)
     if not candidates:
-        raise BadInput(f"{p}: no image files (jpg, png, bmp, webp) in the folder")
+        extra = f" ({len(others)} image-named entries are not regular files)" if others else ""
+        raise BadInput(f"{p}: no image files (jpg, png, bmp, webp) in the folder{extra}")
     order = np.random.default_rng(seed).permutation(len(candidates))
     want = len(candidates) if num_samples is None else num_samples
     chosen: list[Path] = []
     skipped: list[Path] = []
+    reasons: dict[Path, str] = {f: "not a regular file" for f in others}
     for i in order:
         if len(chosen) >= want:
             break
         f = candidates[int(i)]
         try:
             read_rgb(f)
-        except Exception:  # PIL raises many kinds (OSError, ValueError, SyntaxError, DecompressionBomb...)
+        except Exception as exc:  # PIL raises many kinds (OSError, ValueError, SyntaxError, DecompressionBomb...)
             skipped.append(f)
+            reasons[f] = why_unreadable(exc)
             continue
         chosen.append(f)
     if not chosen:
-        raise BadInput(f"{p}: none of the {len(candidates)} image file(s) could be read")
-    if skipped:
-        shown = ", ".join(s.name for s in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        warnings.warn(
-            UnreadableImagesWarning(f"{p}: skipped {len(skipped)} unreadable image file(s): {shown}"), stacklevel=3
-        )
-    return ImageFolderSamples(p, chosen, name, ex.dtype, pipeline, skipped, _class_labels(chosen, p))
+        first = next(iter(reasons.items()), None)
+        why = f"; {first[0].name}: {first[1]}" if first else ""
+        raise BadInput(f"{p}: none of the {len(candidates)} image file(s) could be read{why}")
+    if reasons:
+        shown = ", ".join(f"{f.name} ({why})" for f, why in list(reasons.items())[:3]) + (" ..." if len(reasons) > 3 else "")
+        warnings.warn(UnreadableImagesWarning(f"{p}: skipped {len(reasons)} unreadable image file(s): {shown}"), stacklevel=3)
+    return ImageFolderSamples(p, chosen, name, ex.dtype, pipeline, skipped + others, _class_labels(chosen, p))
+
+
+def _check_data_file(p: Path) -> None:
+    """A data file must be a regular file holding a zip (an ``.npz``), whatever its name says."""
+    if not p.is_file():
+        raise BadInput(f"{p}: not a regular file (a pipe or device?); give an .npz file or an image folder")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(6)
+    except OSError as exc:
+        raise BadInput(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if head[:4] == b"PK\x03\x04" or (head[:4] == b"PK\x05\x06"):
+        return
+    if head == b"\x93NUMPY":
+        raise BadInput(f"{p}: a single .npy array; save it as an .npz (np.savez('data.npz', x=array))")
+    if p.suffix.lower() in IMAGE_SUFFIXES:
+        raise BadInput(f"{p}: a single image; give the folder that holds the images")
+    raise BadInput(f"{p}: unsupported data (expected an .npz file or an image folder)")
 
 
 def load_samples(
@@ -336,18 +378,21 @@ def load_samples(
     example = {k: _as_numpy(v) for k, v in example_inputs.items()}
     if p.is_dir():
         return _load_folder(p, example, num_samples, seed, preprocess, spec)
-    if p.suffix.lower() != ".npz":
-        raise BadInput(f"{p}: unsupported data (expected an .npz file or an image folder)")
+    _check_data_file(p)
     return _load_npz(p, example, num_samples, seed)
 
 
-def random_samples(example_inputs: dict, num_samples: int, seed: int = 0) -> NpzSamples:
+def random_samples(example_inputs: dict, num_samples: int, seed: int = 0, setting: str = "use fewer samples") -> NpzSamples:
     """Seeded synthetic samples shaped like ``example_inputs`` (used only when no data is given).
 
     Float inputs are standard normal; integer inputs are uniform below the example's maximum + 1,
     except inputs named like a mask, which get a random amount of trailing padding (zeros) per
     sample so that masked positions are exercised.
+    Raises:
+        ResourceLimit: the samples cannot fit in memory (``setting`` says what to change).
     """
+    per_sample = sum(int(np.prod(_as_numpy(v).shape[1:])) * 8 for v in example_inputs.values())  # float64 draws
+    require([Need(f"{num_samples} synthetic sample(s)", per_sample * num_samples, setting)])
     rng = np.random.default_rng(seed)
     arrays = {}
     for k, v in example_inputs.items():

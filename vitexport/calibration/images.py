@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..recipe import PreprocessSpec
     from ..sources.base import Preprocess
 
-__all__ = ["IMAGE_SUFFIXES", "ImagePipeline", "find_images", "read_rgb", "resolve_pipeline", "digest_files"]
+__all__ = ["IMAGE_SUFFIXES", "ImagePipeline", "find_images", "read_rgb", "resolve_pipeline", "digest_files", "why_unreadable"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
@@ -100,19 +102,57 @@ def resolve_pipeline(
     return ImagePipeline(int(resize), crop, str(interp), mean, std)
 
 
-def find_images(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively, hidden entries skipped), in a stable order."""
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)  # follows a symlink; a dangling one is not a file
+    except OSError:
+        return False
+
+
+def find_images(folder: Path, others: list[Path] | None = None) -> list[Path]:
+    """Image files under ``folder`` (recursively, hidden entries skipped), in a stable order.
+
+    Only regular files are returned: opening a FIFO named ``x.jpg`` would wait forever for a writer.
+    Args:
+        others: when given, receives the image-named entries that are not regular files.
+    """
     found: list[Path] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for f in sorted(files):
             if not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES):
-                found.append(Path(root) / f)
+                path = Path(root) / f
+                if _regular(path):
+                    found.append(path)
+                elif others is not None:
+                    others.append(path)
     return found
 
 
+def why_unreadable(exc: BaseException) -> str:
+    """A short reason for a file :func:`read_rgb` refused (the size limit is said with numbers)."""
+    from PIL import Image
+
+    if isinstance(exc, Image.DecompressionBombError):
+        return f"too large: over {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels, the decoder's safety limit"
+    text = " ".join(str(exc).split())
+    if "cannot identify image file" in text:
+        return "not an image"
+    return (text[:80] + "...") if len(text) > 80 else (text or type(exc).__name__)
+
+
 def read_rgb(path: Path):
-    """Open an image and return an 8-bit RGB ``PIL.Image``; raise ``OSError``/``ValueError`` if unreadable."""
+    """Open an image and return an 8-bit RGB ``PIL.Image``; raise ``OSError``/``ValueError`` (or
+    PIL's ``DecompressionBombError`` above its size limit) if unreadable."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        # images between PIL's warning and error sizes are decoded, not reported once per read
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return _read_rgb(path)
+
+
+def _read_rgb(path: Path):
     from PIL import Image, ImageOps
 
     with Image.open(path) as im:

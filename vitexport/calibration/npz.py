@@ -4,7 +4,8 @@
 would stay resident for the whole run. ``np.savez`` stores members uncompressed, so each is a plain
 ``.npy`` at a known offset in the zip: :class:`NpzMember` reads only the rows asked for.
 Compressed (``np.savez_compressed``) and Fortran-ordered members cannot be read by row;
-:func:`open_members` returns those as ordinary arrays.
+:func:`open_members` returns those as ordinary arrays, after checking that what their headers
+declare matches what the zip holds and fits in memory (a forged header, a decompression bomb).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from ..preflight.memory import Need, format_bytes, require
 
 __all__ = ["NpzMember", "open_members"]
 
@@ -79,9 +82,34 @@ def open_members(path: Path) -> dict[str, NpzMember | np.ndarray]:
                 if member is not None:
                     out[name] = member
                     continue
+            _check_declared(path, z, info)
             with z.open(info) as f:
                 out[name] = np.lib.format.read_array(f, allow_pickle=False)
     return out
+
+
+def _declared(f, name: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data bytes) an ``.npy`` header declares; the stream is left after the header."""
+    version = np.lib.format.read_magic(f)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f"'{name}': unsupported .npy version {version}")
+    shape, _, dtype = read_header(f)
+    return shape, dtype, int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+
+
+def _check_declared(path: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    """Refuse a member whose header claims more data than the zip entry holds (numpy allocates the
+    declared size before reading), or whose decompressed size does not fit in memory."""
+    name = info.filename[:-4]
+    with z.open(info) as f:
+        shape, dtype, need = _declared(f, name)
+    if need > info.file_size:
+        raise ValueError(f"array '{name}' declares shape {shape} ({format_bytes(need)}) but holds "
+                         f"{format_bytes(info.file_size)}: truncated file or forged header")
+    ratio = info.file_size / max(info.compress_size, 1)
+    require([Need(f"{path}: compressed array '{name}' ({format_bytes(info.compress_size)} on disk, {ratio:.0f}x inflation)",
+                  info.file_size, "save the data with np.savez (uncompressed), which vitexport reads row by row")])
 
 
 def _stored(path: Path, info: zipfile.ZipInfo) -> NpzMember | None:
@@ -101,7 +129,8 @@ def _stored(path: Path, info: zipfile.ZipInfo) -> NpzMember | None:
         if fortran or dtype.hasobject or len(shape) == 0:
             return None
         offset = f.tell()
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
         if offset - start + need > info.file_size:
-            raise EOFError(f"{info.filename}: truncated array data")
+            raise EOFError(f"array '{info.filename[:-4]}' declares shape {shape} ({format_bytes(need)}) but holds "
+                           f"{format_bytes(info.file_size - (offset - start))}: truncated file or forged header")
         return NpzMember(path, offset, shape, dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
@@ -18,7 +18,10 @@ from ..engines.base import BaseRunner
 from ..errors import BadInput
 from ..io import atomic_path
 
-__all__ = ["GoldenReference", "capture_reference", "REFERENCE_FILE"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .stage import ParityRun
+
+__all__ = ["GoldenReference", "capture_reference", "vacuous_reason", "mark_vacuous", "REFERENCE_FILE"]
 
 REFERENCE_FILE = "reference.npz"
 _FORMAT = 1
@@ -206,3 +209,35 @@ def _batch_of(feeds: list[dict[str, np.ndarray]], sample: int) -> int:
         if sample < seen:
             return b
     return len(feeds) - 1
+
+
+def vacuous_reason(reference: GoldenReference) -> str | None:
+    """Why comparing with this reference proves nothing, or None: an all-zero output (a
+    zero-initialised head), or one output for every sample although the inputs differ."""
+    out = reference.output
+    if out.size == 0:
+        return None
+    if not np.any(out):
+        return "the untouched model outputs all zeros on every parity sample (an untrained or zero-initialised head?)"
+    if out.shape[0] < 2 or not np.all(out == out[:1]):
+        return None
+    inputs = [np.concatenate([f[k] for f in reference.feeds]) for k in reference.input_names]
+    if all(np.all(a == a[:1]) for a in inputs):
+        return None  # the samples are all the same: a constant output says nothing
+    return (f"the untouched model gives the same output for all {out.shape[0]} different parity samples "
+            "(are the weights loaded?)")
+
+
+def mark_vacuous(reference: GoldenReference, run: "ParityRun") -> str | None:
+    """Mark a run whose reference is constant: every stage would match it trivially. A loud note
+    goes into the report and ``parity.json`` gets ``"vacuous_gate": reason``.
+
+    Returns:
+        The reason, or None when the reference is informative.
+    """
+    reason = vacuous_reason(reference)
+    if reason is not None:
+        run.extra["vacuous_gate"] = reason
+        run.notes.insert(0, f"WARNING: the parity gate is vacuous: {reason}; every stage matches such a reference "
+                            "whatever it computes")
+    return reason

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,6 +29,8 @@ __all__ = [
     "load_run",
     "render_markdown",
     "render_html",
+    "md_text",
+    "md_code",
 ]
 
 PARITY_JSON, PARITY_MD, PARITY_HTML = "parity.json", "parity.md", "parity.html"
@@ -35,6 +38,28 @@ _SNR_PLOT_CAP = 140.0
 
 
 # --- formatting -------------------------------------------------------------------------------------
+# Markdown punctuation; an intraword underscore (freeze_layernorm) emphasises nothing and stays readable
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|#~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def md_text(text: Any) -> str:
+    """A user string (a path, a module name, a note) as literal Markdown text: one line, Markdown
+    punctuation backslash-escaped, HTML characters as entities (a ``<script>`` in a path stays text)."""
+    s = " ".join(str(text).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", s)
+
+
+def md_code(text: Any) -> str:
+    """A user string as a Markdown code span (literal, HTML included), fenced with more backticks
+    than it contains."""
+    s = " ".join(str(text).split())
+    longest = max((len(m) for m in re.findall(r"`+", s)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") or not s else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
 def _num(v: Any, kind: str = "g") -> str:
     if v is None:
         return "–"
@@ -93,7 +118,9 @@ def _budget_text(budget: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "none"
 
 
-def _headline(data: Mapping[str, Any]) -> str:
+def _headline(data: Mapping[str, Any], code=md_code, text=md_text) -> str:
+    """One sentence: the verdict, and where and why a run failed (``code`` / ``text`` format
+    names and free text: Markdown by default, plain for HTML, which escapes it as a whole)."""
     if data.get("passed", True):
         n = len(data.get("stages", []))
         return f"All {n} stage(s) within tolerance."
@@ -101,11 +128,11 @@ def _headline(data: Mapping[str, Any]) -> str:
     if stage is None:
         return "Failed."
     c = _failed_check(stage)
-    s = f"Failed at stage `{stage['stage']}`"
+    s = f"Failed at stage {code(stage['stage'])}"
     if c is not None:
-        s += f": {_check_text(c)}"
+        s += f": {text(_check_text(c))}"
     if stage.get("first_divergence"):
-        s += f"; first divergence at `{stage['first_divergence']}`"
+        s += f"; first divergence at {code(stage['first_divergence'])}"
     return s + "."
 
 
@@ -170,12 +197,16 @@ def _layer_row(i: int, r: Mapping[str, Any], first: str | None, others: list[str
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    def esc(x: str) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    out = ["| " + " | ".join(md_text(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+def _md_note(note: Any) -> str:
+    text = str(note)
+    if text.startswith("WARNING:"):
+        return f"- **WARNING:** {md_text(text[len('WARNING:'):].strip())}"
+    return f"- {md_text(text)}"
 
 
 def _stage_has_details(s: Mapping[str, Any]) -> bool:
@@ -186,10 +217,13 @@ def _stage_has_details(s: Mapping[str, Any]) -> bool:
 def render_markdown(data: Mapping[str, Any]) -> str:
     """``parity.md``: readable in a terminal or a merge request."""
     lines = [f"# Parity report: {_verdict(data.get('passed', True))}", ""]
+    if data.get("vacuous_gate"):
+        lines += [f"> **WARNING: the parity gate is vacuous.** {md_text(data['vacuous_gate'])}; every stage "
+                  "matches such a reference whatever it computes.", ""]
     meta = [(k, data.get(k)) for k in ("model", "target", "data", "reference") if data.get(k)]
-    lines += [f"- **{k}**: `{v}`" for k, v in meta]
+    lines += [f"- **{k}**: {md_code(v)}" for k, v in meta]
     lines += ["", f"**{_headline(data)}**", ""]
-    lines += [f"- {n}" for n in data.get("notes", [])]
+    lines += [_md_note(n) for n in data.get("notes", [])]
     if data.get("skipped"):
         lines.append(f"- skipped stages: {', '.join(data['skipped'])}")
     lines += ["", "## Stages", ""]
@@ -197,10 +231,10 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     for s in data.get("stages", []):
         if not _stage_has_details(s):
             continue
-        lines += ["", f"## Stage `{s['stage']}`: {_verdict(s.get('passed', True))}", ""]
+        lines += ["", f"## Stage {md_code(s['stage'])}: {_verdict(s.get('passed', True))}", ""]
         tol = s.get("tolerance") or {}
         if tol:
-            lines.append("Tolerance: " + ", ".join(f"{k}={v}" for k, v in tol.items()))
+            lines.append("Tolerance: " + md_text(", ".join(f"{k}={v}" for k, v in tol.items())))
             lines.append("")
         if s.get("checks"):
             lines.append(_md_table(["metric", "value", "limit", "result"],
@@ -210,28 +244,28 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         src = s.get("nonfinite_source")
         if src:
             where = src.get("node")
-            lines.append(f"First NaN/Inf produced by `{where}` ({src.get('op_type')})"
-                         + (f" in module `{src['scope']}`" if src.get("scope") and src.get("op_type") != "module" else "")
-                         + (f"; non-finite inputs: {', '.join('`%s`' % x for x in src['nonfinite_inputs'])}" if src.get("nonfinite_inputs") else ""))
+            lines.append(f"First NaN/Inf produced by {md_code(where)} ({md_text(src.get('op_type'))})"
+                         + (f" in module {md_code(src['scope'])}" if src.get("scope") and src.get("op_type") != "module" else "")
+                         + (f"; non-finite inputs: {', '.join(md_code(x) for x in src['nonfinite_inputs'])}" if src.get("nonfinite_inputs") else ""))
             lines.append("")
         if s.get("layers"):
             summary = s.get("layer_summary") or {}
             first = summary.get("first_divergence") or (s.get("first_divergence") if s.get("layers") else None)
-            lines.append(f"### Layers ({len(s['layers'])}, matched by {summary.get('method', 'scope')}; "
-                         f"budget: {_budget_text(summary.get('budget', {}))})")
+            lines.append(f"### Layers ({len(s['layers'])}, matched by {md_text(summary.get('method', 'scope'))}; "
+                         f"budget: {md_text(_budget_text(summary.get('budget', {})))})")
             lines.append("")
-            lines.append(f"First divergence: **{'`' + first + '`' if first else 'none'}**"
-                         + (f". Worst layers (most noise added): {', '.join('`%s`' % w for w in summary.get('worst', []))}"
+            lines.append(f"First divergence: **{md_code(first) if first else 'none'}**"
+                         + (f". Worst layers (most noise added): {', '.join(md_code(w) for w in summary.get('worst', []))}"
                             if summary.get("worst") else ""))
             lines.append("")
             others = _layer_others(s)
             lines.append(_md_table(_layer_header(s), [_layer_row(i, r, first, others) for i, r in enumerate(s["layers"])]))
             lines.append("")
         if s.get("notes"):
-            lines += [f"- {n}" for n in s["notes"]]
+            lines += [_md_note(n) for n in s["notes"]]
             lines.append("")
         if s.get("artifacts"):
-            lines += [f"- artifact `{k}`: `{v}`" for k, v in s["artifacts"].items()]
+            lines += [f"- artifact {md_code(k)}: {md_code(v)}" for k, v in s["artifacts"].items()]
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -394,7 +428,9 @@ def render_html(data: Mapping[str, Any], *, plots: bool = True) -> str:
         if data.get(k):
             parts.append(f"<li><b>{k}</b>: <code>{e(str(data[k]))}</code></li>")
     parts.append("</ul>")
-    parts.append(f"<p><b>{e(_headline(data)).replace('`', '')}</b></p>")
+    if data.get("vacuous_gate"):
+        parts.append(f"<p class='FAIL'>WARNING: the parity gate is vacuous. {e(str(data['vacuous_gate']))}</p>")
+    parts.append(f"<p><b>{e(_headline(data, code=str, text=str))}</b></p>")
     extra = list(data.get("notes", [])) + ([f"skipped stages: {', '.join(data['skipped'])}"] if data.get("skipped") else [])
     if extra:
         parts.append("<ul>" + "".join(f"<li>{e(str(n))}</li>" for n in extra) + "</ul>")

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ..errors import BadInput
-from .base import LoadedModel, OutputAdapter, Preprocess, parse_input_shape, slugify
+from ..preflight.memory import forward_need, require
+from .base import LoadedModel, OutputAdapter, Preprocess, built_input_size, parse_input_shape, slugify
 from .hf_source import load_hf
 from .python_source import load_python
 from .timm_source import load_timm
@@ -23,29 +24,108 @@ __all__ = [
     "load_weights",
     "read_state_dict",
     "parse_input_shape",
+    "built_input_size",
 ]
 
 SCHEMES = ("timm", "torchvision", "hf", "python")
 
 
-def _image_inputs(name: str, shape: tuple[int, ...] | None, default_chw: tuple[int, int, int], batch: int) -> dict[str, torch.Tensor]:
+def _named_params(model: torch.nn.Module) -> tuple[list[str], bool, bool]:
+    """forward's named parameters (in order), whether it takes ``*args``, whether ``**kwargs``."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return [], True, True
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return named, any(p.kind is p.VAR_POSITIONAL for p in params), any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _default_input_name(model: torch.nn.Module) -> str:
+    """The name forward gives its first input (``pixel_values`` for a Hugging Face model, else
+    usually ``x``): a forward taking ``**kwargs`` would otherwise receive ``x=`` and ignore it."""
+    named, _, _ = _named_params(model)
+    return named[0] if named else "x"
+
+
+def _bind(model: torch.nn.Module, names: list[str], where: str) -> bool:
+    """Whether inputs ``names`` are passed by keyword (they are forward's own parameter names) or
+    by position; raises BadInput when forward can take them neither way."""
+    named, var_pos, var_kw = _named_params(model)
+    keyword = bool(named) and all(n in named for n in names) or (not named and var_kw and not var_pos)
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return keyword
+    try:
+        sig.bind(**{n: n for n in names}) if keyword else sig.bind(*names)
+    except TypeError as exc:
+        raise BadInput(f"{where}: forward({', '.join(named)}) cannot take the inputs {names} ({exc}); "
+                       "name the example inputs after forward's parameters") from None
+    return keyword
+
+
+def _image_spec(name: str, shape: tuple[int, ...] | None, default_chw, batch: int) -> dict[str, tuple]:
     if shape is None:
         shape = (batch, *default_chw)
     if len(shape) != 4:
         raise BadInput(f"--input-shape {','.join(map(str, shape))}: an image model needs N,C,H,W")
-    # Fixed seed: the example only fixes shapes, but a deterministic one keeps exports byte-identical.
+    return {name: (tuple(shape), torch.float32)}
+
+
+def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bool, vocab: int = 1000) -> dict[str, torch.Tensor]:
+    """Example tensors for the input spec, once the memory they and a forward need is known to fit.
+    Fixed seed: the example only fixes shapes, but a deterministic one keeps exports byte-identical."""
+    setting = "use a smaller --input-shape" if shape_given else "use a smaller export.batch_size (or --input-shape)"
+    require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()}, setting))
     g = torch.Generator().manual_seed(0)
-    return {name: torch.randn(*shape, generator=g)}
+    out = {}
+    for k, (shape, dtype) in spec.items():
+        if "mask" in k:
+            out[k] = torch.ones(*shape, dtype=dtype)
+        elif dtype.is_floating_point:
+            out[k] = torch.randn(*shape, generator=g)
+        else:
+            out[k] = torch.randint(0, vocab, shape, generator=g)
+    return out
 
 
-def _accepts_keywords(model: torch.nn.Module, names: list[str]) -> bool:
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return True
-    return all(n in params for n in names)
+def _build(scheme: str, rest: str, shape, batch_size: int):
+    """Build the module and its input spec (name → (shape, dtype)), allocating no input yet."""
+    preprocess: Preprocess | None = None
+    meta: dict = {}
+    vocab = 1000
+    if scheme in ("timm", "torchvision"):
+        model, chw, preprocess = (load_timm if scheme == "timm" else load_torchvision)(rest)
+        spec = _image_spec("x", shape, chw, batch_size)
+        keyword, name = False, f"{scheme}-{rest}"
+    elif scheme == "hf":
+        model, preprocess, kind, config = load_hf(rest)
+        meta["hf_kind"] = kind
+        if kind == "image":
+            chw = preprocess.input_size if preprocess else (3, 224, 224)
+            spec = _image_spec("pixel_values", shape, chw, batch_size)
+        else:
+            if shape is not None and len(shape) != 2:
+                raise BadInput("--input-shape: a text encoder needs N,L (batch, sequence length)")
+            n, seq = shape or (batch_size, min(int(getattr(config, "max_position_embeddings", 128)), 128))
+            vocab = int(getattr(config, "vocab_size", 1000))
+            spec = {"input_ids": ((n, seq), torch.int64), "attention_mask": ((n, seq), torch.int64)}
+        keyword, name = True, f"hf-{Path(rest).resolve().name}"
+    else:
+        model, example, path, func = load_python(rest)
+        name = func.removeprefix("build_").removeprefix("create_") or path.stem
+        if example is not None:
+            if shape is not None:
+                raise BadInput(f"python:{rest}: the function returns example_inputs; --input-shape cannot override them")
+            spec = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+            meta["example"] = example
+        else:
+            chw = built_input_size(model)
+            if shape is None and chw is None:
+                raise BadInput(f"python:{rest}: the model does not say its input size; pass --input-shape N,C,H,W")
+            spec = _image_spec(_default_input_name(model), shape, chw, batch_size)
+        keyword = _bind(model, list(spec), f"python:{rest}")
+    return model, spec, keyword, name, preprocess, meta, vocab
 
 
 def load_model(
@@ -57,9 +137,12 @@ def load_model(
 ) -> LoadedModel:
     """Build the model a URI names, load ``weights`` into it, and fix its example inputs.
 
+    Every model is built under a fixed seed, so one without ``weights`` has the same random weights
+    on every run; the input size is the built module's own (not its pretrained config's).
+
     Args:
         uri: ``timm:NAME`` | ``torchvision:NAME`` | ``hf:DIR`` | ``python:PATH.py:FUNCTION``.
-        weights: optional ``.safetensors`` / ``.pt`` / ``.pth`` state dict.
+        weights: optional safetensors file or torch state dict (told apart by content).
         input_shape: ``'N,C,H,W'`` (or ``'N,L'`` for a text encoder); default from the model.
         batch_size: the batch when the shape comes from the model.
         trust_pickle: allow a checkpoint that needs code execution (never by default).
@@ -67,54 +150,23 @@ def load_model(
         A :class:`LoadedModel` in eval mode.
     Raises:
         BadInput: unknown scheme or model, missing files, mismatching weights, bad shape.
+        UserCodeError: a ``python:`` file raised while imported or called.
+        ResourceLimit: the inputs (and one forward over them) cannot fit in memory.
     """
     scheme, sep, rest = uri.partition(":")
     if not sep or scheme not in SCHEMES or not rest:
         raise BadInput(f"model URI '{uri}': expected one of {', '.join(s + ':...' for s in SCHEMES)}")
     shape = parse_input_shape(input_shape) if isinstance(input_shape, str) or input_shape is None else tuple(input_shape)
-    preprocess: Preprocess | None = None
-    meta: dict = {}
-    if scheme == "timm":
-        model, chw, preprocess = load_timm(rest)
-        inputs = _image_inputs("x", shape, chw, batch_size)
-        keyword, name = False, f"timm-{rest}"
-    elif scheme == "torchvision":
-        model, chw, preprocess = load_torchvision(rest)
-        inputs = _image_inputs("x", shape, chw, batch_size)
-        keyword, name = False, f"torchvision-{rest}"
-    elif scheme == "hf":
-        model, preprocess, kind, config = load_hf(rest)
-        meta["hf_kind"] = kind
-        if kind == "image":
-            chw = preprocess.input_size if preprocess else (3, 224, 224)
-            inputs = _image_inputs("pixel_values", shape, chw, batch_size)
-        else:
-            if shape is not None and len(shape) != 2:
-                raise BadInput(f"--input-shape: a text encoder needs N,L (batch, sequence length)")
-            n, seq = shape or (batch_size, min(int(getattr(config, "max_position_embeddings", 128)), 128))
-            vocab = int(getattr(config, "vocab_size", 1000))
-            g = torch.Generator().manual_seed(0)
-            inputs = {
-                "input_ids": torch.randint(0, vocab, (n, seq), generator=g),
-                "attention_mask": torch.ones(n, seq, dtype=torch.long),
-            }
-        keyword, name = True, f"hf-{Path(rest).resolve().name}"
-    else:
-        model, example, path, func = load_python(rest)
-        name = func.removeprefix("build_").removeprefix("create_") or path.stem
-        if example is not None:
-            if shape is not None:
-                raise BadInput(f"python:{rest}: the function returns example_inputs; --input-shape cannot override them")
-            inputs = dict(example)
-        else:
-            cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
-            chw = tuple(cfg.get("input_size", ())) if isinstance(cfg, dict) else ()
-            if shape is None and len(chw) != 3:
-                raise BadInput(f"python:{rest}: the model does not say its input size; pass --input-shape N,C,H,W")
-            inputs = _image_inputs("x", shape, chw, batch_size)  # type: ignore[arg-type]
-        keyword = _accepts_keywords(model, list(inputs))
+    model, spec, keyword, name, preprocess, meta, vocab = _build(scheme, rest, shape, batch_size)
     if weights is not None:
         load_weights(model, weights, trust_pickle=trust_pickle)
+    example = meta.pop("example", None)
+    if example is not None:
+        require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()},
+                             "return smaller example_inputs"))
+        inputs = example
+    else:
+        inputs = _materialise(model, spec, shape is not None, vocab)
     model.eval()
     adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
     return LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)

@@ -1,8 +1,10 @@
 """What a model source hands to the pipeline: a module with named inputs and how to feed it."""
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -10,7 +12,11 @@ from torch import nn
 from ..engines.torch_runner import primary_output
 from ..errors import BadInput
 
-__all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify"]
+__all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify", "seeded", "BUILD_SEED", "built_input_size"]
+
+#: the seed every model is built under: a model without --weights gets the same random weights on
+#: every run, so the same command writes the same bytes
+BUILD_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,11 @@ class OutputAdapter(nn.Module):
             out = self.model(**kwargs)
         else:
             out = self.model(*(kwargs[n] for n in self.input_names))
-        return primary_output(out)
+        try:
+            return primary_output(out)
+        except TypeError:
+            raise BadInput(f"the model's forward returned {type(out).__name__}, which holds no tensor; it must return "
+                           "a tensor (or a dict, tuple or Hugging Face output holding one)") from None
 
 
 @dataclass
@@ -89,3 +99,40 @@ def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
 
 def slugify(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"
+
+
+@contextlib.contextmanager
+def seeded(seed: int = BUILD_SEED) -> Iterator[None]:
+    """Run a model build under a fixed torch seed, leaving the caller's random state as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _first_int_pair(v) -> tuple[int, int] | None:
+    if isinstance(v, int) and v > 0:
+        return (v, v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(x, int) and x > 0 for x in v):
+        return (int(v[0]), int(v[1]))
+    return None
+
+
+def built_input_size(model: torch.nn.Module) -> tuple[int, int, int] | None:
+    """(C, H, W) of the model as built: a timm patch embedding's ``img_size``, a Hugging Face
+    ``config.image_size``, else the pretrained config's ``input_size`` (which describes the
+    checkpoint, not the module: timm's dinov2 built with ``img_size=224`` says 518 there)."""
+    pe = getattr(model, "patch_embed", None)
+    hw = _first_int_pair(getattr(pe, "img_size", None))
+    proj = getattr(pe, "proj", None)
+    if hw is not None:
+        c = getattr(proj, "in_channels", None) or getattr(model, "in_chans", None) or 3
+        return (int(c), *hw)
+    config = getattr(model, "config", None)
+    hw = _first_int_pair(getattr(config, "image_size", None))
+    if hw is not None:
+        return (int(getattr(config, "num_channels", 3) or 3), *hw)
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    chw = tuple(cfg.get("input_size", ())) if isinstance(cfg, dict) else ()
+    if len(chw) == 3 and all(isinstance(x, int) and x > 0 for x in chw):
+        return chw  # type: ignore[return-value]
+    return None

@@ -4,16 +4,16 @@ from __future__ import annotations
 import torch
 
 from ..errors import BadInput
-from .base import Preprocess
+from .base import Preprocess, built_input_size, seeded
 
 __all__ = ["load_timm"]
 
 
 def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess]:
-    """Build ``timm.create_model(name, pretrained=False, **kwargs)``.
+    """Build ``timm.create_model(name, pretrained=False, **kwargs)`` under a fixed seed.
 
     Returns:
-        (module, (C, H, W) from the pretrained config, preprocessing from the pretrained config).
+        (module, (C, H, W) of the module as built, preprocessing from the pretrained config).
     Raises:
         BadInput: unknown model name.
     """
@@ -23,9 +23,12 @@ def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('_')[0]}*")[:5] if name else []
         raise BadInput(f"unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else ""))
-    model = timm.create_model(name, pretrained=False, **kwargs)
+    with seeded():
+        model = timm.create_model(name, pretrained=False, **kwargs)
     cfg = resolve_data_config({}, model=model)
-    c, h, w = cfg["input_size"]
+    # the module as built decides the input size: a model built with img_size=224 whose pretrained
+    # config says 518 (dinov2) takes 224
+    c, h, w = built_input_size(model) or cfg["input_size"]
     crop_pct = float(cfg.get("crop_pct", 1.0) or 1.0)
     pre = Preprocess(
         input_size=(c, h, w),

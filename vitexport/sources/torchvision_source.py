@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 
 from ..errors import BadInput
-from .base import Preprocess
+from .base import Preprocess, seeded
 
 __all__ = ["load_torchvision"]
 
 
 def load_torchvision(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess]:
-    """Build ``torchvision.models.get_model(name, weights=None, **kwargs)``.
+    """Build ``torchvision.models.get_model(name, weights=None, **kwargs)`` under a fixed seed.
 
     The input size is the model's ``image_size`` when it has one (ViT), else 224; preprocessing is
     torchvision's ImageNet recipe (resize 256 → crop 224, bilinear).
@@ -22,7 +22,8 @@ def load_torchvision(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, i
     names = set(torchvision.models.list_models())
     if name not in names:
         raise BadInput(f"unknown torchvision model '{name}'")
-    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    with seeded():
+        model = torchvision.models.get_model(name, weights=None, **kwargs)
     size = int(getattr(model, "image_size", 224))
     pre = Preprocess(input_size=(3, size, size), resize=int(round(size * 256 / 224)), crop=size)
     return model, (3, size, size), pre

@@ -1,0 +1,94 @@
+"""Pre-flight: the output folder, stale temp files, and memory estimates against the machine."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vitexport.errors import BadInput, ResourceLimit
+from vitexport.io import atomic_write_text
+from vitexport.preflight import Need, available_memory, check_output_folder, require
+from vitexport.preflight.memory import forward_need, histogram_need
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temp_files_of_a_killed_run_are_removed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = _dead_pid()
+    stale = [out / f".model.int8.onnx.vxtmp{dead}-abc123_x.onnx", out / f".model.int8.onnx.vxtmp{dead}-abc123_x.onnx.data"]
+    live = out / f".parity.json.vxtmp{os.getpid()}-zz9.json"  # a run writing right now keeps its file
+    mine = [out / ".notes.txt", out / "model.vxtmp1-x.onnx"]  # not our pattern: never touched
+    for p in [*stale, live, *mine]:
+        p.write_text("x")
+    check_output_folder(out)
+    assert not any(p.exists() for p in stale)
+    assert live.exists() and all(p.exists() for p in mine)
+
+
+def test_atomic_writes_use_the_pattern_the_cleanup_knows(tmp_path):
+    """A write interrupted mid-way leaves a temp that the next run recognises."""
+    from vitexport.io import _TEMP_RE, atomic_path
+
+    with atomic_path(tmp_path / "model.onnx") as tmp:
+        assert _TEMP_RE.match(tmp.name) and str(os.getpid()) in tmp.name
+        tmp.write_text("x")
+    atomic_write_text(tmp_path / "a.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "model.onnx"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not bite for root")
+def test_read_only_folder_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(BadInput, match="not writable"):
+            check_output_folder(ro / "out")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_an_existing_folder_and_a_new_one_are_fine(tmp_path):
+    assert check_output_folder(tmp_path) == tmp_path
+    assert check_output_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # checking creates nothing
+
+
+@pytest.mark.parametrize("text,expected", [("8G", 8 << 30), ("512M", 512 << 20), ("1000", 1000), ("2GiB", 2 << 30)])
+def test_memory_limit_setting(monkeypatch, text, expected):
+    monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", text)
+    assert available_memory() <= expected
+
+
+def test_require_names_the_largest_need_and_its_setting(monkeypatch):
+    monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "1G")
+    require([Need("a", 100 << 20, "x")])  # fits
+    with pytest.raises(ResourceLimit, match=r"^b needs about 2.0 GB of memory \(2.3 GB in all\), this machine has 1.0 GB available; lower b$"):
+        require([Need("a", 300 << 20, "lower a"), Need("b", 2 << 30, "lower b")])
+
+
+def test_forward_estimate_grows_with_the_attention_matrix():
+    """A ViT's attention is quadratic in its tokens: 4x the side is 256x the attention."""
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    small = sum(n.nbytes for n in forward_need(model, {"x": (1, 3, 224, 224)}, {"x": torch.float32}, "s"))
+    big = sum(n.nbytes for n in forward_need(model, {"x": (1, 3, 896, 896)}, {"x": torch.float32}, "s"))
+    # 196 tokens, 3 heads: 196^2 * 3 * 12 bytes ~ 1.4 MB; 3136 tokens: ~354 MB
+    assert 1e6 < small < 50e6 and 300e6 < big < 1e9
+
+
+def test_histogram_estimate_follows_the_method():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    assert histogram_need(model, 2048, "minmax") == []
+    (need,) = histogram_need(model, 1_000_000_000, "percentile")
+    assert need.nbytes > 100e9 and "calibration.num_bins" in need.setting

@@ -1,0 +1,117 @@
+"""The model itself, checked before any work: it runs on a few parity samples, twice, and gives
+the same outputs both times; its outputs fit the labels; the whole run's memory fits.
+
+A model that disagrees with itself (dropout or random masking left active in eval mode) would make
+every stage fail parity for a reason no stage caused, so it is refused here with that reason.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from ..errors import BadInput, ResourceLimit, classify, user_code
+from .memory import Need, format_bytes, histogram_need, require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..calibration import SampleSet
+    from ..recipe import Recipe
+    from ..sources import LoadedModel
+
+__all__ = ["check_model", "run_needs"]
+
+def _first_conv_hint(model: LoadedModel) -> str:
+    """Why a forward failed when the input's channels are not what the first convolution takes."""
+    import torch
+
+    conv = next(((n, m) for n, m in model.module.named_modules() if isinstance(m, torch.nn.Conv2d)), None)
+    image = next((v for v in model.example_inputs.values() if v.ndim == 4), None)
+    if conv is None or image is None or conv[1].in_channels == image.shape[1]:
+        return ""
+    name = conv[0].removeprefix("model.")
+    return (f"; the model's first convolution '{name}' takes {conv[1].in_channels} channels, the input has "
+            f"{image.shape[1]}: check --input-shape")
+
+
+@contextlib.contextmanager
+def _model_call(model: LoadedModel, what: str) -> Iterator[None]:
+    """The user's ``python:`` code raising is theirs; any other model raising on our inputs means
+    the inputs do not suit it (shape, channels, dtype)."""
+    shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in model.example_inputs.items())
+    if model.family == "python":
+        try:
+            with user_code(f"{model.uri}: {what} on inputs {shapes}"):
+                yield
+        except BadInput as err:
+            hint = _first_conv_hint(model)
+            if hint and not str(err).endswith(hint):
+                raise type(err)(f"{err}{hint}") from err.__cause__
+            raise
+        return
+    try:
+        yield
+    except (BadInput, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        err = classify(exc)
+        if isinstance(err, ResourceLimit):
+            raise err from exc
+        msg = " ".join(str(exc).split())[:200]
+        raise BadInput(f"{model.uri}: the model raised {type(exc).__name__} {what} on inputs {shapes}: {msg}"
+                       f"{_first_conv_hint(model)}") from exc
+
+
+def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+    import torch
+
+    outs = []
+    with torch.no_grad():
+        for feed in feeds:
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(model.example_inputs[k].dtype) for k, v in feed.items()}
+            outs.append(model.module(**tensors).detach().float().cpu().numpy())
+    return np.concatenate(outs, axis=0)
+
+
+def check_model(model: LoadedModel, samples: SampleSet) -> None:
+    """Run the model twice on the first export batch of ``samples`` (one batch shows a model
+    that disagrees with itself; the pipeline checks the whole reference for constant outputs).
+
+    Raises:
+        UserCodeError: the user's ``python:`` forward raised.
+        BadInput: another model raised on these inputs; the two runs disagree (the model is not
+            deterministic in eval mode); labels outside the model's classes.
+    """
+    batch = next(iter(model.example_inputs.values())).shape[0]
+    feeds = [next(iter(samples.batches(batch)))]
+    with _model_call(model, "in forward"):
+        first = _forward(model, feeds)
+        second = _forward(model, feeds)
+    if first.shape != second.shape or not np.allclose(first, second, rtol=1e-5, atol=1e-6 * max(float(np.nanmax(np.abs(first), initial=0)), 1.0), equal_nan=True):
+        diff = float(np.nanmax(np.abs(first - second))) if first.shape == second.shape else float("nan")
+        raise BadInput(
+            f"{model.uri}: the model gives different outputs for the same input (max difference {diff:.3g} between "
+            "two runs in eval mode); parity needs a deterministic model: disable dropout, random masking or "
+            "sampling in eval mode (does forward honour model.eval()?)"
+        )
+    if samples.labels is not None and first.ndim == 2 and len(samples.labels):
+        top = int(np.max(samples.labels))
+        if top >= first.shape[1]:
+            raise BadInput(f"{samples.source}: labels go up to {top}, but the model has {first.shape[1]} outputs; "
+                           "labels must be class indices of this model")
+
+
+def run_needs(model: LoadedModel, recipe: Recipe, parity_samples: int) -> None:
+    """Refuse a run whose histograms and golden reference cannot fit in memory (the inputs and one
+    forward were checked when the model was loaded).
+
+    Raises:
+        ResourceLimit: the estimate, and the setting to change.
+    """
+    per_sample = sum(int(v[0].numel()) * v.element_size() for v in model.example_inputs.values())
+    needs = [Need(f"the golden reference's {parity_samples} parity input(s) ({format_bytes(per_sample)} each)",
+                  per_sample * parity_samples, "lower parity_data.num_samples")]
+    cal = recipe.calibration
+    if recipe.stages.quantize_int8.enabled:
+        needs += histogram_need(model.module, cal.num_bins, cal.method.value)
+    require(needs)
