@@ -24,11 +24,11 @@ import torch
 
 from . import __version__
 from .calibration import SampleSet
-from .calibration.session import release_memory
-from .engines import QDQ_AS_FLOAT, OnnxRuntimeRunner, TorchRunner, tensorrt_available
+from .engines import OnnxRuntimeRunner, TorchRunner, tensorrt_available
+from .graph.files import artifact_files
 from .errors import ParityFailure
 from .io import atomic_path, atomic_write_json, display_path, sha256_file
-from .memory import PeakMeter, process_peak_bytes, resident_bytes
+from .memory import PeakMeter, process_peak_bytes, release_memory, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .recipe import STAGE_NAMES, Recipe
 from .sources import LoadedModel
@@ -250,7 +250,7 @@ def run_pipeline(
                               notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes])
         res.details["export"] = exp.to_dict()
         res.artifacts["model.raw.onnx"] = str(raw)
-        state.record("export_onnx", key, {"raw": raw}, res.to_dict())
+        state.record("export_onnx", key, {p.name: p for p in artifact_files(raw)}, res.to_dict())
         finish(res)
     arts.files["model.raw.onnx"] = raw
     # the rewritten torch model is not needed past the export: free its weights before ONNX work
@@ -259,7 +259,7 @@ def run_pipeline(
         model.module = None  # type: ignore[assignment]  # rewritten and exported: nothing reads it again
     _trim()
 
-    key = _hash(key, sha256_file(raw), recipe.contract.model_dump(mode="json"), recipe.export.simplify)
+    key = _hash(key, *[sha256_file(p) for p in artifact_files(raw)], recipe.contract.model_dump(mode="json"), recipe.export.simplify)
     fp32 = out_dir / "model.fp32.onnx"
     if not reuse("simplify", key):
         _log.debug("stage simplify (resident %s)", _gb(resident_bytes()))
@@ -270,31 +270,29 @@ def run_pipeline(
             res = check_stage("simplify", runner, reference, recipe.tolerance("simplify"), seconds=seconds, unmasked=unmasked, notes=simp.notes)
         res.details["simplify"] = simp.to_dict()
         res.artifacts["model.fp32.onnx"] = str(fp32)
-        state.record("simplify", key, {"fp32": fp32}, res.to_dict())
+        state.record("simplify", key, {p.name: p for p in artifact_files(fp32)}, res.to_dict())
         finish(res)
-    arts.files["model.fp32.onnx"] = fp32
+    for p in artifact_files(fp32):
+        arts.files[p.name] = p
 
     # --- INT8 -------------------------------------------------------------------------------------
     if recipe.stages.quantize_int8.enabled:
         int8 = out_dir / "model.int8.onnx"
-        key = _hash(key, sha256_file(fp32), calib.fingerprint(), recipe.calibration.model_dump(mode="json"),
+        key = _hash(key, *[sha256_file(p) for p in artifact_files(fp32)], calib.fingerprint(), recipe.calibration.model_dump(mode="json"),
                     recipe.quantization.model_dump(mode="json"), recipe.target.value, recipe.tolerance("quantize_int8").model_dump(mode="json"))
         if not reuse("quantize_int8", key):
             _log.debug("stage quantize_int8 (resident %s)", _gb(resident_bytes()))
             t0 = time.perf_counter()
-            q = quantize_int8(fp32, int8, calib, recipe, out_dir, parity_feeds=reference.feeds, reference=reference.outputs["output"])
+            q = quantize_int8(fp32, int8, calib, recipe, out_dir)
             seconds = time.perf_counter() - t0
             # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
             # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets.
-            native = get_target(recipe).runs_in_onnxruntime
-            notes = list(q.notes)
-            if not native:
-                notes.append("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
-                             f"the arithmetic the {recipe.target.value} runtime performs")
-            with OnnxRuntimeRunner(int8, name="quantize_int8", config=None if native else QDQ_AS_FLOAT) as runner:
+            target = get_target(recipe)
+            notes = [*q.notes, target.arithmetic]
+            with OnnxRuntimeRunner(int8, name="quantize_int8", config=target.gate_config) as runner:
                 res = check_stage("quantize_int8", runner, reference, recipe.tolerance("quantize_int8"), seconds=seconds, unmasked=unmasked, notes=notes)
             res.details["quantize"] = q.to_dict()
-            produced = {"int8": int8}
+            produced = {p.name: p for p in artifact_files(int8)}
             for extra in ("calibration.json", "calibration.cache"):
                 if (out_dir / extra).is_file():
                     produced[extra] = out_dir / extra
@@ -306,7 +304,7 @@ def run_pipeline(
                 res.artifacts[p.name] = str(p)
             state.record("quantize_int8", key, produced, res.to_dict())
             finish(res)
-        for name in ("model.int8.onnx", "calibration.json", "calibration.cache", "build_engine.sh"):
+        for name in ("model.int8.onnx", "model.int8.onnx.data", "calibration.json", "calibration.cache", "build_engine.sh"):
             if (out_dir / name).is_file():
                 arts.files[name] = out_dir / name
     else:

@@ -181,10 +181,10 @@ def test_ort_runner_config_runs_qdq_as_float(tmp_path):
     x = np.random.default_rng(4).uniform(-3, 3, (3, 6)).astype(np.float32)
     x_fq = np.clip(np.round(x / np.float32(0.05)), -128, 127).astype(np.float32) * np.float32(0.05)
     with OnnxRuntimeRunner(tmp_path / "q.onnx", config=QDQ_AS_FLOAT) as r:
-        opts = r.session.get_session_options()
+        opts = r.session.session.get_session_options()
         assert opts.get_session_config_entry("session.disable_quant_qdq") == "1"
         y = r.infer({"x": x})["output"]
     np.testing.assert_allclose(y, x_fq @ w, rtol=1e-5, atol=1e-5)
     with OnnxRuntimeRunner(tmp_path / "q.onnx") as r:  # default: ONNX Runtime's own (fused) kernels
         with pytest.raises(RuntimeError, match="does not have configuration"):
-            r.session.get_session_options().get_session_config_entry("session.disable_quant_qdq")
+            r.session.session.get_session_options().get_session_config_entry("session.disable_quant_qdq")

@@ -12,9 +12,11 @@ from qcases import recipe
 from vitexport.calibration import NpzSamples
 from vitexport.calibration.table import read_trt_cache, scale_to_hex
 from vitexport.parity.metrics import compute_metrics
+from qgraph import consumers, load
+from vitexport.engines.sessions import Session
 from vitexport.quantize import quantize_int8
-from vitexport.quantize.equalize import apply_equalization, compute_factors, find_sites
-from vitexport.quantize.graph import GraphIndex
+from vitexport.quantize.quantizer import prepare_model
+from vitexport.quantize.smooth import SmoothPass, compute_factors, find_sites
 from vitexport.quantize.targets import get_target
 
 NO_FALLBACK = "quantization.fallback.enabled=false"
@@ -42,20 +44,21 @@ def test_outlier_vit_reaches_cosine_099_with_equalisation(outlier_vit, outlier_v
 
 
 def test_equalisation_keeps_the_float_function(outlier_vit):
-    m = onnx.load(str(outlier_vit.path))
-    idx = GraphIndex(m)
-    plan = get_target(recipe("orin")).annotate(idx)
-    sites, _ = find_sites(idx, plan)
+    target = get_target(recipe("orin"))
+    m = prepare_model(outlier_vit.path, target)
+    plan = target.annotate(m)
+    sites, _ = find_sites(m, plan)
     assert len(sites) == 4
     rng = np.random.default_rng(0)
-    factors = {s.tensor: compute_factors(idx, s, rng.uniform(0.5, 300, s.channels), 0.5) for s in sites}
-    assert apply_equalization(m, idx, sites, factors) == 4
+    factors = {s.tensor: compute_factors(m, s, rng.uniform(0.5, 300, s.channels), 0.5) for s in sites}
+    assert SmoothPass(sites, factors)(m).report.changed == 4
     ref = _outputs(outlier_vit.path, outlier_vit.feeds[:4])
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = Session(m)
     out = np.concatenate([sess.run(None, f)[0] for f in outlier_vit.feeds[:4]])
     assert np.abs(out - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
     # onnxsim shares one all-ones gamma between LayerNorms; equalising one must not touch the others
-    gammas = [idx.by_name[s.scale_ref[0]].input[1] for s in sites]
+    nodes = {n.name: n for n in m.graph}
+    gammas = [nodes[s.scale_ref[0]].inputs[s.scale_ref[1]].name for s in sites]
     assert len(set(gammas)) == len(gammas)
 
 
@@ -65,10 +68,9 @@ def test_masked_multi_input_encoder(bert, tmp_path):
     c = _cosine(bert, tmp_path / "bert.int8.onnx")
     assert c >= 0.99, f"embedding cosine {c}"
     # the mask path (Cast/Sub/Mul/Add into the scores) is never quantized
-    m = onnx.load(str(tmp_path / "bert.int8.onnx"))
-    idx = GraphIndex(m)
-    mask_consumers = [c for c, _ in idx.consumers["attention_mask"]]
-    assert mask_consumers and all(c.op_type != "QuantizeLinear" for c in mask_consumers)
+    m = load(tmp_path / "bert.int8.onnx")
+    mask = next(v for v in m.graph.inputs if v.name == "attention_mask")
+    assert consumers(mask) and all(c.op_type != "QuantizeLinear" for c in consumers(mask))
     padded = [f for f in bert.feeds if f["attention_mask"].min() == 0]
     assert padded, "the parity set must exercise padding"
 
@@ -171,18 +173,17 @@ def test_attention_probabilities_keep_their_exact_range(vit17, tmp_path):
         assert v["amax"] == v["max"] and 0 < v["max"] <= 1.0 and v["min"] >= 0.0
 
 
-def test_parity_uses_float_qdq_semantics_except_on_cpu(vit17, tmp_path, monkeypatch):
-    import vitexport.quantize.int8 as int8
+def test_fallback_evaluates_in_the_targets_arithmetic(vit17, tmp_path, monkeypatch):
+    import vitexport.quantize.quantizer as quantizer
 
     seen = []
-    real = int8.evaluate
+    real = quantizer.evaluate
 
-    def spy(*a, **kw):
-        seen.append(kw.get("fused"))
-        return real(*a, **kw)
+    def spy(model, feeds, reference, tolerance, config):
+        seen.append(config.qdq_as_float)
+        return real(model, feeds, reference, tolerance, config)
 
-    monkeypatch.setattr(int8, "evaluate", spy)
+    monkeypatch.setattr(quantizer, "evaluate", spy)
     for name in ("orin", "npu", "cpu"):
-        quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, recipe(name, NO_FALLBACK), tmp_path / name,
-                      parity_feeds=vit17.feeds[:4], reference=vit17.reference[:4])
-    assert seen == [False, False, True]
+        quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, recipe(name), tmp_path / name)
+    assert seen == [True, True, False]  # float Q/DQ semantics except on cpu, whose runtime is ONNX Runtime

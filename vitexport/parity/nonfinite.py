@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
 from .onnx_graph import OnnxGraph, load_onnx, with_outputs
@@ -57,24 +56,16 @@ class NonFiniteSource:
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
+def _session(model: onnx.ModelProto):
+    from ..engines.sessions import Session, SessionConfig
+
     # no fusion: every node of the file must exist in the session for its output to be observed
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return Session(model, SessionConfig(optimization="disable"))
 
 
-def _cast_feed(sess: ort.InferenceSession, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from ..engines.ort_runner import ORT_TYPES
-
-    out = {}
-    for i in sess.get_inputs():
-        arr = np.asarray(feed[i.name])
-        want = ORT_TYPES.get(i.type)
-        out[i.name] = arr.astype(want) if want is not None and arr.dtype != want else arr
-    return out
+def _cast_feed(sess, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    types = sess.input_types()
+    return {k: np.asarray(feed[k]).astype(t, copy=False) for k, t in types.items()}
 
 
 def _nonfinite(value: Any) -> bool:
@@ -97,7 +88,7 @@ def find_nonfinite(model: str | Path | bytes | onnx.ModelProto, feed: Mapping[st
     graph = OnnxGraph(proto)
     sess = _session(proto)
     feed = _cast_feed(sess, feed)
-    outputs = [o.name for o in sess.get_outputs()]
+    outputs = sess.output_names
     bad: set[str] = {n for n, v in zip(outputs, sess.run(outputs, feed)) if _nonfinite(v)}
     if not bad:
         return None
