@@ -105,12 +105,14 @@ class Session:
         self.weights: dict[str, np.ndarray] = {}
         opts = session_options(config)
         if outputs is not None and not isinstance(model, ir.Model):
-            model = _as_ir(model)
+            from ..graph.files import as_model
+
+            model = as_model(model)
         if isinstance(model, ir.Model):
             from ..graph.weights import weights_as_inputs
 
             with weights_as_inputs(model) as (proto, weights):
-                self.weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+                self.weights = {k: np.ascontiguousarray(t.numpy(), dtype=np.float32) for k, t in weights.items()}
                 if outputs is not None:
                     del proto.graph.output[:]
                     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
@@ -134,13 +136,3 @@ class Session:
         full = {k: v for k, v in feed.items() if k in self.input_names}
         full.update(self.weights)
         return self.session.run(list(names) if names is not None else None, full)
-
-
-def _as_ir(model: str | Path | bytes | onnx.ModelProto) -> ir.Model:
-    if isinstance(model, onnx.ModelProto):
-        return ir.from_proto(model)
-    if isinstance(model, (bytes, bytearray)):
-        return ir.from_proto(onnx.load_from_string(bytes(model)))
-    from ..graph.files import load_model
-
-    return load_model(model)

@@ -16,11 +16,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
 from ..errors import ArtifactWriteError, BadInput
 
-__all__ = ["EXTERNAL_DATA_MIN_BYTES", "load_model", "save_model", "artifact_files", "data_file"]
+__all__ = ["EXTERNAL_DATA_MIN_BYTES", "load_model", "save_model", "as_model", "artifact_files", "data_file"]
 
 #: total initializer bytes from which a saved model keeps its weights in ``<name>.data``
 EXTERNAL_DATA_MIN_BYTES = 64 << 20
@@ -58,6 +59,20 @@ def load_model(path: str | Path) -> ir.Model:
     if not model.ir_version or not model.graph.outputs:  # protobuf parses empty or stray bytes as a blank message
         raise BadInput(f"{path}: not an ONNX model (no IR version or no graph outputs)")
     return model
+
+
+def as_model(model: str | Path | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
+    """An ``ir.Model`` from a file, serialised bytes, a ``ModelProto`` or an ``ir.Model`` (returned as is)."""
+    if isinstance(model, ir.Model):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return ir.from_proto(model)
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return ir.from_proto(onnx.load_from_string(bytes(model)))
+        except Exception as exc:  # protobuf DecodeError
+            raise BadInput(f"not a readable ONNX model ({type(exc).__name__})") from None
+    return load_model(model)
 
 
 def _weight_bytes(model: ir.Model) -> int:

@@ -5,7 +5,8 @@ into it (and ONNX Runtime then keeps its own copy). Inside :func:`weights_as_inp
 large initializers are graph inputs of their exact type and shape instead, so the serialised model
 is a few hundred kilobytes: shape inference still sees every weight's type and shape, constant
 folding does not touch them, and ONNX Runtime reads them on every run from the very arrays the
-``ir.Model`` holds (memory-mapped or in memory: fed without a copy). onnx-ir's own C-API bridge does
+``ir.Model`` holds (fed without a copy when they are memory-mapped external data or numpy-backed; a
+tensor still inside a loaded protobuf is read out once per session). onnx-ir's own C-API bridge does
 the same for ``onnx.shape_inference``.
 """
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -32,9 +32,10 @@ def _default_lift(value: ir.Value) -> bool:
 @contextlib.contextmanager
 def weights_as_inputs(
     model: ir.Model, lift: Callable[[ir.Value], bool] | None = None
-) -> Iterator[tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
+) -> Iterator[tuple[onnx.ModelProto, dict[str, ir.TensorProtocol]]]:
     """Yield ``(proto, weights)``: the model serialised with the lifted weights as graph inputs,
-    and those weights as arrays (name → array, no copies). The model is restored on exit.
+    and those weights' tensors (name → tensor; ``.numpy()`` gives the data). The model is restored
+    on exit.
 
     Args:
         model: the model (temporarily modified; restored even when the body raises).
@@ -45,10 +46,15 @@ def weights_as_inputs(
     order = list(graph.initializers.values())
     n_inputs = len(graph.inputs)
     lifted = [v for v in order if lift(v)]
-    weights: dict[str, np.ndarray] = {}
+    # a tensor left in the graph must be serialised with its data: a C API reading the proto has
+    # no folder to resolve an external-data reference against
+    inlined = [(v, v.const_value) for v in order if v not in lifted and isinstance(v.const_value, ir.ExternalTensor)]
+    for v, t in inlined:
+        v.const_value = ir.Tensor(t.numpy(), dtype=t.dtype, name=t.name)
+    weights: dict[str, ir.TensorProtocol] = {}
     for v in lifted:
         t = v.const_value
-        weights[v.name] = np.asarray(t.numpy())
+        weights[v.name] = t
         v.shape = v.shape or ir.Shape(t.shape)
         v.dtype = v.dtype or t.dtype
         graph.initializers.pop(v.name)
@@ -57,6 +63,8 @@ def weights_as_inputs(
     try:
         yield ir.serde.serialize_model(model), weights
     finally:
+        for v, t in inlined:
+            v.const_value = t
         del graph.inputs[n_inputs:]
         graph.initializers.clear()
         for v in order:  # insertion order is file order: identical inputs give identical bytes

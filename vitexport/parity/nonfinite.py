@@ -12,9 +12,9 @@ from typing import Any, Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+import onnx_ir as ir
 
-from .onnx_graph import OnnxGraph, load_onnx, with_outputs
+from .onnx_graph import OnnxGraph, load_onnx
 
 __all__ = ["NonFiniteSource", "find_nonfinite", "first_nonfinite_op", "first_nonfinite_module", "locate_nonfinite"]
 
@@ -56,11 +56,11 @@ class NonFiniteSource:
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
-def _session(model: onnx.ModelProto):
+def _session(model: ir.Model, outputs: list[str] | None = None):
     from ..engines.sessions import Session, SessionConfig
 
     # no fusion: every node of the file must exist in the session for its output to be observed
-    return Session(model, SessionConfig(optimization="disable"))
+    return Session(model, SessionConfig(optimization="disable"), outputs=outputs)
 
 
 def _cast_feed(sess, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -93,17 +93,17 @@ def find_nonfinite(model: str | Path | bytes | onnx.ModelProto, feed: Mapping[st
     if not bad:
         return None
     bad_outputs = set(bad)
-    for init in proto.graph.initializer:
-        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            if _nonfinite(numpy_helper.to_array(init)):
-                bad.add(init.name)
+    floats = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
+    for v in proto.graph.initializers.values():
+        if v.const_value is not None and v.const_value.dtype in floats and _nonfinite(v.const_value.numpy()):
+            bad.add(v.name)
     bad.update(k for k, v in feed.items() if _nonfinite(v))
     inits = graph.initializers
     candidates = [o for n in graph.nodes for o in n.output
                   if o and o not in inits and o not in bad_outputs and graph.elem_type(o) in _FLOAT]
     for start in range(0, len(candidates), chunk):
         names = candidates[start:start + chunk]
-        s = _session(with_outputs(proto, names, graph))
+        s = _session(proto, names)
         values = s.run(names, feed)
         bad.update(n for n, v in zip(names, values) if _nonfinite(v))
         del values
