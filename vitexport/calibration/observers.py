@@ -168,9 +168,8 @@ class HistogramObserver:
                 best, best_t = float(err[j]), float(chunk[j])
         return min(best_t, max(abs(self.min), abs(self.max)))
 
-    def compute(self, method: CalibrationMethod | str, percentile: float = 99.99) -> Range:
+    def compute(self, method: CalibrationMethod, percentile: float = 99.99) -> Range:
         """The range this observer recommends for ``method``."""
-        method = CalibrationMethod(method)
         if self.counts is None:
             return Range(0.0, 0.0, 0.0, 0.0, 0.0)
         absmax = max(abs(self.min), abs(self.max))
@@ -206,7 +205,7 @@ class MinMaxObserver:
         self.min, self.max = min(self.min, float(finite.min())), max(self.max, float(finite.max()))
         self.count += int(x.size)
 
-    def compute(self, method: CalibrationMethod | str = "minmax", percentile: float = 100.0) -> Range:
+    def compute(self, method: CalibrationMethod = CalibrationMethod.minmax, percentile: float = 100.0) -> Range:
         if self.count == 0:
             return Range(0.0, 0.0, 0.0, 0.0, 0.0)
         amax = max(abs(self.min), abs(self.max))
@@ -225,8 +224,8 @@ class ChannelAbsMaxObserver:
         self.amax = a if self.amax is None else np.maximum(self.amax, a)
 
 
-def make_observer(method: CalibrationMethod | str, num_bins: int = 2048) -> HistogramObserver | MinMaxObserver:
+def make_observer(method: CalibrationMethod, num_bins: int = 2048) -> HistogramObserver | MinMaxObserver:
     """The smallest observer that can answer ``method``."""
-    if CalibrationMethod(method) is CalibrationMethod.minmax:
+    if method is CalibrationMethod.minmax:
         return MinMaxObserver()
     return HistogramObserver(num_bins)

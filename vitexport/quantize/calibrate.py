@@ -92,7 +92,7 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
         The result; ``result.plan`` is the plan of the smoothed model (weights may be renamed).
     """
     cal, q = recipe.calibration, recipe.quantization
-    res = CalibrationResult(ScaleTable(cal.method.value, 0, "", samples.fingerprint(), {}), plan)
+    res = CalibrationResult(ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={}), plan)
     if q.equalize:
         res.table.equalization = _smooth(model, target, plan, samples, recipe, res)
         res.plan = target.annotate(model)
