@@ -18,7 +18,7 @@ from ..io import atomic_write_json, atomic_write_text
 
 __all__ = ["TABLE_VERSION", "ScaleTable", "write_trt_cache", "read_trt_cache", "scale_to_hex", "hex_to_scale"]
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 
 
 class ScaleTable(BaseModel):
@@ -32,6 +32,8 @@ class ScaleTable(BaseModel):
         settings: everything else that changes the result (target, percentile, bins, smoothing...).
         tensors: name → {amax, scale, lo, hi, min, max} (scale = amax / 127).
         equalization: smoothing site → per-channel factors (empty when none).
+        bias: Linear node → the mean INT8 output error its float bias absorbs (bias correction).
+        choices: what the searches chose (``alpha`` per site, ``range`` per tensor), for the report.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -44,6 +46,8 @@ class ScaleTable(BaseModel):
     settings: dict[str, Any]
     tensors: dict[str, dict[str, float]] = Field(default_factory=dict)
     equalization: dict[str, list[float]] = Field(default_factory=dict)
+    bias: dict[str, list[float]] = Field(default_factory=dict)
+    choices: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def key(self) -> dict[str, Any]:
         return {"model_hash": self.model_hash, "data_hash": self.data_hash, "method": self.method,
@@ -58,6 +62,7 @@ class ScaleTable(BaseModel):
         d = self.model_dump(mode="json")
         d["tensors"] = dict(sorted(d["tensors"].items()))
         d["equalization"] = dict(sorted(d["equalization"].items()))
+        d["bias"] = dict(sorted(d["bias"].items()))
         return d
 
     def save(self, path: str | Path) -> Path:

@@ -63,11 +63,13 @@ class WeightCache:
     """Quantized weights by (initializer, axis, qmax): shared by every conversion of one float model.
 
     ``overrides`` holds integer weights chosen by a rounding optimiser (name → (q, scale)) that
-    replace plain round-to-nearest for that initializer.
+    replace plain round-to-nearest for that initializer; ``bias`` the bias correction of each Linear
+    node (the mean INT8 output error its float bias absorbs), applied while the node is quantized.
     """
 
     entries: dict[tuple[str, int | None, int], tuple[ir.Tensor, ir.Tensor, ir.Tensor]] = field(default_factory=dict)
     overrides: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    bias: Mapping[str, list[float]] = field(default_factory=dict)
 
     def get(self, stem: str, w: np.ndarray, axis: int | None, qmax: int) -> tuple[ir.Tensor, ir.Tensor, ir.Tensor]:
         key = (stem, axis, qmax)
@@ -169,7 +171,29 @@ class _Writer:
         self.graph.insert_before(node, [dq])
         node.replace_input_with(2, dq.outputs[0])
 
+    def correct_bias(self, node: ir.Node) -> None:
+        """Subtract the node's bias correction from its float bias (a Gemm's C, or the Add after a
+        MatMul); a Linear without a bias keeps its error (nothing to fold it into)."""
+        delta = self.cache.bias.get(node.name)
+        if delta is None:
+            return
+        delta = np.asarray(delta, np.float32)
+        target = (node, 2) if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if target is None and node.op_type == "MatMul":
+            uses = node.outputs[0].uses()
+            add = uses[0].node if len(uses) == 1 and uses[0].node.op_type == "Add" else None
+            if add is not None:
+                j = 1 - uses[0].idx
+                b = const_array(add.inputs[j])
+                target = (add, j) if b is not None and b.size == delta.size else None
+        if target is None:
+            return
+        owner, j = target
+        b = const_array(owner.inputs[j])
+        owner.replace_input_with(j, self.const(f"{node.name}_bias_corrected", (b.astype(np.float32) - delta.reshape(b.shape))))
+
     def rewrite(self, node: ir.Node, spec: NodeSpec) -> None:
+        self.correct_bias(node)
         for a in spec.acts:
             node.replace_input_with(a.index, self.pair(node, a))
         if spec.weight is not None:

@@ -101,7 +101,7 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     key = {"model_hash": sha256_file(fp32_path), "data_hash": calib.fingerprint(), "method": cal.method.value,
            "settings": table_settings(recipe, target, holdout)}
     path = work_dir / "calibration.json"
-    res = reuse_table(path, model, target, plan, key, report.notes) if cal.reuse else None
+    res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
@@ -177,7 +177,7 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     calib_part, select = _holdout(recipe, calib)
     res = _scales(model, fp32_path, target, plan, calib_part, recipe, work_dir, len(select or ()), report)
-    plan, ranges, cache = res.plan, res.table.tensors, WeightCache()
+    plan, ranges, cache = res.plan, res.table.tensors, WeightCache(bias=res.table.bias)
     qdq, _ = convert(model, plan, ranges, cache)
     if select is not None and plan.nodes:
         qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, cache, report)
