@@ -75,6 +75,10 @@ class TargetKind(str, enum.Enum):
 
 
 class CalibrationMethod(str, enum.Enum):
+    """How an activation's range is chosen. ``auto`` scores the histogram's candidates (min/max,
+    percentiles, MSE-optimal) by each Linear's output error on sampled activations, per tensor."""
+
+    auto = "auto"
     minmax = "minmax"
     percentile = "percentile"
     entropy = "entropy"
@@ -239,7 +243,7 @@ class PreprocessSpec(_Spec):
 
 
 class CalibrationSpec(_Spec):
-    method: CalibrationMethod = CalibrationMethod.percentile
+    method: CalibrationMethod = CalibrationMethod.auto
     num_samples: int = Field(default=128, ge=1)
     batch_size: int = Field(default=8, ge=1)
     percentile: float = Field(default=99.99, gt=50.0, le=100.0)
@@ -256,14 +260,27 @@ class FallbackSpec(_Spec):
     enabled: bool = True
     max_float_layers: int = Field(default=8, ge=0)
     eval_samples: int = Field(
-        default=32, ge=1, description="calibration samples used as parity feeds when the caller gives none"
+        default=32, ge=1,
+        description="calibration samples held out (never calibrated on, at most a quarter of them) on which the "
+                    "fallback chooses its float layers; the parity data the gate scores is never used for that",
     )
     sensitivity_samples: int = Field(default=4, ge=1, description="samples used to rank layers by sensitivity")
 
 
 class QuantizationSpec(_Spec):
-    equalize: bool = True
-    equalize_alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    equalize: bool = Field(
+        default=True, description="smooth outlier channels into the weights (SmoothQuant), folded into LayerNorms "
+                                  "or as an inserted Mul")
+    equalize_alpha: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="migration strength α; none: searched per site on calibration data (the Linear's output error)")
+    smooth_insert: bool = Field(
+        default=True, description="smooth Linear inputs no LayerNorm can absorb (GELU outputs, attention outputs) "
+                                  "with an inserted Mul")
+    bias_correction: bool = Field(
+        default=True, description="fold each Linear's mean INT8 output error into its float bias")
+    search_rows: int = Field(
+        default=512, ge=16, description="activation rows per Linear input sampled for the searches (α, ranges, bias)")
     equalize_samples: int = Field(
         default=64, ge=1,
         description="calibration samples whose per-channel maxima set the equalisation factors (the first of the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vitexport.recipe import CalibrationMethod as M
 from vitexport.calibration import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, make_observer
 
 
@@ -19,7 +20,7 @@ def test_minmax_is_exact():
     for x in xs:
         ob.update(x)
     allx = np.concatenate([x.ravel() for x in xs])
-    r = ob.compute("minmax")
+    r = ob.compute(M.minmax)
     assert r.min == allx.min() and r.max == allx.max() and r.amax == np.abs(allx).max()
 
 
@@ -38,7 +39,7 @@ def test_percentile_matches_numpy_within_a_bin(pct):
     for x in xs:
         ob.update(x)
     allx = np.concatenate([x.ravel() for x in xs])
-    r = ob.compute("percentile", pct)
+    r = ob.compute(M.percentile, pct)
     _, w = ob.abs_hist()
     a = np.abs(allx)
     # between the neighbouring order statistics (numpy interpolates, the histogram gives a bin edge)
@@ -60,11 +61,11 @@ def test_streaming_equals_one_shot_when_range_is_known():
 
 def test_entropy_clips_a_long_tail():
     rng = np.random.default_rng(0)
-    ob = make_observer("entropy")
+    ob = make_observer(M.entropy)
     x = rng.standard_normal(200_000).astype(np.float32)
     x[:5] = 60.0  # a few huge outliers
     ob.update(x)
-    r = ob.compute("entropy")
+    r = ob.compute(M.entropy)
     assert 2.0 < r.amax < 30.0, r
     assert r.max == 60.0
 
@@ -77,9 +78,9 @@ def _int8_mse(x: np.ndarray, amax: float) -> float:
 def test_mse_threshold_is_near_the_best():
     rng = np.random.default_rng(0)
     x = rng.laplace(size=200_000).astype(np.float32)  # heavy-ish tail: clipping pays
-    ob = make_observer("mse")
+    ob = make_observer(M.mse)
     ob.update(x)
-    r = ob.compute("mse")
+    r = ob.compute(M.mse)
     grid = np.linspace(0.05, 1.0, 60) * np.abs(x).max()
     best = min(_int8_mse(x, t) for t in grid)
     assert r.amax < np.abs(x).max()
@@ -89,14 +90,14 @@ def test_mse_threshold_is_near_the_best():
 def test_asymmetric_range_of_a_positive_tensor():
     ob = HistogramObserver()
     ob.update(np.random.default_rng(0).uniform(0, 1, 100_000).astype(np.float32))
-    r = ob.compute("percentile", 99.99)
+    r = ob.compute(M.percentile, 99.99)
     assert r.lo == 0.0 and 0.99 < r.hi <= 1.0
 
 
 def test_nonfinite_values_are_ignored():
     ob = HistogramObserver()
     ob.update(np.array([1.0, -2.0, np.inf, np.nan], np.float32))
-    assert ob.compute("minmax").amax == 2.0
+    assert ob.compute(M.minmax).amax == 2.0
 
 
 def test_channel_absmax():

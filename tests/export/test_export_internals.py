@@ -1,4 +1,4 @@
-"""Units under export/: the wire-level weight hold-out, opset lowering, einsum and the rewrites."""
+"""Units under export/: simplify's weight hold-out, opset lowering, einsum and the rewrites."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,6 @@ from onnx import TensorProto, helper, numpy_helper
 from vitexport.export.einsum import einsum_as_matmul
 from vitexport.export.opset import convert_opset
 from vitexport.export.rewrites import ExportRewrites
-from vitexport.export.wire import joined_bytes, split_initializers, write_joined
 from vitexport.errors import BadInput
 from vitexport.export import simplify_onnx
 from vitexport.recipe import load_recipe
@@ -19,36 +18,41 @@ from vitexport.recipe import load_recipe
 
 def _matmul_model() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((4, 300)).astype(np.float32), "w")  # 4.8 kB
+    w = numpy_helper.from_array(rng.standard_normal((64, 300)).astype(np.float32), "w")  # 77 kB: held aside
     b = numpy_helper.from_array(rng.standard_normal((300,)).astype(np.float32), "b")
-    f16 = numpy_helper.from_array(np.ones((3,), np.float16), "unused_f16")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Add", ["h", "b"], ["output"], name="add")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 300])], initializer=[w, b, f16])
+    scale = numpy_helper.from_array(np.full((300,), 2.0, np.float32), "scale")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Add", ["h", "b"], ["hb"], name="add"),
+             helper.make_node("Mul", ["hb", "scale"], ["output"], name="mul")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 300])], initializer=[w, b, scale])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
 
 
-def test_split_and_join_give_onnx_save_bytes(tmp_path):
+def test_simplify_holds_weights_aside_and_puts_the_same_bytes_back(tmp_path):
+    import onnxsim
+
     model = _matmul_model()
-    data = model.SerializeToString()
-    stub, held = split_initializers(data, 1000)
-    assert [h.name for h in held] == ["w", "b"] and held[0].dims == (4, 300) and held[0].data_type == TensorProto.FLOAT
-    stub_model = onnx.ModelProto.FromString(stub)
-    assert [t.name for t in stub_model.graph.initializer] == ["unused_f16"]
-    # Small initializers first, then the held ones: exactly what onnx serializes for that order.
-    want = onnx.ModelProto.FromString(data)
-    inits = [onnx.TensorProto.FromString(t.SerializeToString()) for t in want.graph.initializer]
-    del want.graph.initializer[:]
-    want.graph.initializer.extend([inits[2], inits[0], inits[1]])
-    assert joined_bytes(stub, held, data) == want.SerializeToString()
-    # The file-to-file path (copy_file_range) writes the same bytes.
-    src, dst = tmp_path / "src.onnx", tmp_path / "dst.onnx"
-    src.write_bytes(data)
-    with open(src, "rb") as fi, open(dst, "wb", buffering=0) as fo:
-        write_joined(fo.fileno(), stub, held, fi.fileno(), data)
-    assert dst.read_bytes() == want.SerializeToString()
+    onnx.save(model, str(tmp_path / "raw.onnx"))
+    seen = []
+    real = onnxsim.simplify
+
+    def spy(proto, *a, **kw):  # what onnxsim is given: the weight is a typed graph input, not data
+        seen.append(({i.name for i in proto.graph.initializer}, {i.name for i in proto.graph.input}))
+        return real(proto, *a, **kw)
+
+    onnxsim.simplify = spy
+    try:
+        rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", load_recipe("orin"))
+    finally:
+        onnxsim.simplify = real
+    assert seen and "w" not in seen[0][0] and "w" in seen[0][1]
+    assert rep.held_initializers == 1 and rep.held_bytes == 64 * 300 * 4
+    out = onnx.load(str(tmp_path / "fp32.onnx"))
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert np.array_equal(inits["w"], numpy_helper.to_array(model.graph.initializer[0]))
+    assert [i.name for i in out.graph.input] == ["x"]
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00\x01garbage", b"\x0a\xff\xff\xff\x0f"])

@@ -241,12 +241,9 @@ def tensors_by_pattern(model: onnx.ModelProto, op_type: str, name_contains: str 
 
 def calibrate_absmax(model_path: Path, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """Largest |value| of each tensor over the feeds (a minmax calibration)."""
-    import onnxruntime as ort
+    from vitexport.engines.sessions import Session
 
-    from vitexport.parity.onnx_graph import with_outputs
-
-    model = onnx.load(str(model_path))
-    sess = ort.InferenceSession(with_outputs(model, tensors).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = Session(model_path, outputs=tensors)
     amax = {t: 0.0 for t in tensors}
     for feed in feeds:
         for t, v in zip(tensors, sess.run(tensors, feed)):

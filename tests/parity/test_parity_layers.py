@@ -7,7 +7,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
 
 from parity_models import TinyTextEncoder, scale_onnx_weight
 from vitexport.parity import LayerBudget, block_names, compare_layers, localize_layers, localize_onnx
@@ -28,11 +27,13 @@ def test_scope_from_torchscript_node_names(name, scope):
 
 
 def test_scope_from_dynamo_metadata():
-    node = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_MatMul_11")
-    node.metadata_props.add(key="pkg.torch.onnx.name_scopes",
-                            value="['', 'model', 'model.blocks', 'model.blocks.0', 'model.blocks.0.attn.qkv', 'linear']")
+    import onnx_ir as ir
+
+    scopes = "['', 'model', 'model.blocks', 'model.blocks.0', 'model.blocks.0.attn.qkv', 'linear']"
+    node = ir.node("MatMul", [ir.Value(name="a"), ir.Value(name="b")], name="node_MatMul_11",
+                   metadata_props={"pkg.torch.onnx.name_scopes": scopes})
     assert node_scope(node) == "model.blocks.0.attn.qkv"
-    assert node_scope(helper.make_node("Relu", ["a"], ["b"], name="node_relu")) is None
+    assert node_scope(ir.node("Relu", [ir.Value(name="a")], name="node_relu")) is None
 
 
 def test_scope_matching_and_blocks():

@@ -1,47 +1,55 @@
-"""Mixed-precision fallback: the fewest layers in float until the parity budget holds."""
+"""Mixed-precision fallback: the fewest layers in float until the parity budget holds, chosen on
+held-out calibration data in the target's arithmetic on the very bytes that are written."""
 from __future__ import annotations
 
-import onnx
+import numpy as np
 
 from qcases import recipe
-from vitexport.quantize import quantize_int8
-from vitexport.quantize.graph import GraphIndex
+from qgraph import dq_fed, load
+from vitexport.calibration.feeds import FeedSet, split_samples
+from vitexport.engines import OnnxRuntimeRunner
+from vitexport.engines.sessions import LOW_MEMORY, Session
+from vitexport.parity.metrics import compare
+from vitexport.quantize import get_target, quantize_int8
 
-
-def _float_inputs(path, names):
-    idx = GraphIndex(onnx.load(str(path)))
-    out = {}
-    for n in names:
-        node = idx.by_name[n]
-        out[n] = all(idx.producer.get(t) is None or idx.producer[t].op_type != "DequantizeLinear" for t in node.input)
-    return out
+FALLBACK = ("quantization.equalize=false", "quantization.fallback.max_float_layers=6",
+            "parity.quantize_int8.cosine_min=0.99", "parity.quantize_int8.top1_agreement=0.9")
 
 
 def test_fallback_meets_budget_with_few_float_layers(outlier_vit, tmp_path):
     # no equalisation: INT8 misses cosine 0.99, a few Linears in float bring it back
-    r = recipe("orin", "quantization.equalize=false", "quantization.fallback.max_float_layers=6",
-               "parity.quantize_int8.cosine_min=0.99", "parity.quantize_int8.top1_agreement=0.9")
     out = tmp_path / "m.onnx"
-    rep = quantize_int8(outlier_vit.path, out, outlier_vit.calib, r, tmp_path,
-                        parity_feeds=outlier_vit.feeds, reference=outlier_vit.reference)
+    rep = quantize_int8(outlier_vit.path, out, outlier_vit.calib, recipe("orin", *FALLBACK), tmp_path)
     assert rep.parity_before_fallback and not rep.parity_before_fallback["passed"]
     assert rep.budget_met and rep.parity["passed"]
     names = [f["node"] for f in rep.float_fallback]
     assert 1 <= len(names) <= 6
     assert all(0 < f["macs_share"] < 1 and f["sensitivity"] >= 0 for f in rep.float_fallback)
-    assert all(_float_inputs(out, names).values()), "fallback nodes must have no Q/DQ inputs"
+    assert 0 < rep.float_macs_share < 1
+    nodes = {n.name: n for n in load(out).graph}
+    assert all(not dq_fed(nodes[n]) for n in names), "fallback nodes must have no Q/DQ inputs"
+    assert rep.selection and "held-out calibration" in rep.selection
     assert any("fallback" in n for n in rep.notes)
 
 
 def test_no_fallback_when_budget_holds(vit17, tmp_path):
-    rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin"), tmp_path,
-                        parity_feeds=vit17.feeds, reference=vit17.reference)
+    rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin"), tmp_path)
     assert rep.budget_met and rep.float_fallback == []
 
 
-def test_fallback_without_reference_uses_float_onnx(outlier_vit, tmp_path):
-    r = recipe("orin", "quantization.equalize=false", "parity.quantize_int8.cosine_min=0.99",
-               "quantization.fallback.max_float_layers=6", "quantization.fallback.eval_samples=8")
-    rep = quantize_int8(outlier_vit.path, tmp_path / "m.onnx", outlier_vit.calib, r, tmp_path)
-    assert rep.budget_met is not None
-    assert any("reference" in n for n in rep.notes)
+def test_fallback_verdict_equals_the_gate_on_the_written_file(outlier_vit, tmp_path):
+    """What the fallback predicted on its selection data is what the gate's runner measures on the
+    written file, on the same samples: the same arithmetic, the same bytes."""
+    r = recipe("orin", *FALLBACK)
+    out = tmp_path / "m.onnx"
+    rep = quantize_int8(outlier_vit.path, out, outlier_vit.calib, r, tmp_path)
+    _, select = split_samples(outlier_vit.calib, r.quantization.fallback.eval_samples)
+    feeds = FeedSet(select, 1)
+    float_sess = Session(outlier_vit.path, LOW_MEMORY)
+    ref = np.concatenate([float_sess.run(None, f)[0] for f in feeds])
+    with OnnxRuntimeRunner(out, config=get_target(r).gate_config) as runner:
+        got = np.concatenate([runner.infer(f)["output"] for f in feeds])
+    gate = compare(ref, got, r.tolerance("quantize_int8"))
+    assert bool(gate) == rep.parity["passed"]
+    assert gate.metrics.cosine_min == rep.parity["metrics"]["cosine_min"]
+    assert gate.metrics.top1_agreement == rep.parity["metrics"]["top1_agreement"]

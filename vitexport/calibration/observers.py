@@ -21,7 +21,7 @@ import numpy as np
 
 from ..recipe import CalibrationMethod
 
-__all__ = ["Range", "HistogramObserver", "MinMaxObserver", "ChannelAbsMaxObserver", "make_observer"]
+__all__ = ["Range", "HistogramObserver", "MinMaxObserver", "ChannelAbsMaxObserver", "RowSampler", "make_observer"]
 
 
 @dataclass(frozen=True)
@@ -168,9 +168,8 @@ class HistogramObserver:
                 best, best_t = float(err[j]), float(chunk[j])
         return min(best_t, max(abs(self.min), abs(self.max)))
 
-    def compute(self, method: CalibrationMethod | str, percentile: float = 99.99) -> Range:
+    def compute(self, method: CalibrationMethod, percentile: float = 99.99) -> Range:
         """The range this observer recommends for ``method``."""
-        method = CalibrationMethod(method)
         if self.counts is None:
             return Range(0.0, 0.0, 0.0, 0.0, 0.0)
         absmax = max(abs(self.min), abs(self.max))
@@ -206,7 +205,7 @@ class MinMaxObserver:
         self.min, self.max = min(self.min, float(finite.min())), max(self.max, float(finite.max()))
         self.count += int(x.size)
 
-    def compute(self, method: CalibrationMethod | str = "minmax", percentile: float = 100.0) -> Range:
+    def compute(self, method: CalibrationMethod = CalibrationMethod.minmax, percentile: float = 100.0) -> Range:
         if self.count == 0:
             return Range(0.0, 0.0, 0.0, 0.0, 0.0)
         amax = max(abs(self.min), abs(self.max))
@@ -225,8 +224,34 @@ class ChannelAbsMaxObserver:
         self.amax = a if self.amax is None else np.maximum(self.amax, a)
 
 
-def make_observer(method: CalibrationMethod | str, num_bins: int = 2048) -> HistogramObserver | MinMaxObserver:
+class RowSampler:
+    """A uniform random sample of at most ``max_rows`` rows (last-axis vectors, one per token) of a
+    tensor, kept across batches: the search for smoothing factors and clipping ranges scores
+    candidates on real activations. Priority sampling (keep the rows with the smallest random keys)
+    gives every row the same chance whatever the batch sizes, and the same rows for the same seed.
+    """
+
+    def __init__(self, max_rows: int = 512, seed: int = 0):
+        self.max_rows = max_rows
+        self.rng = np.random.default_rng(seed)
+        self.rows: np.ndarray | None = None
+        self.keys: np.ndarray | None = None
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32)
+        rows = x.reshape(-1, x.shape[-1])
+        keys = self.rng.random(len(rows))
+        if self.rows is not None:
+            rows, keys = np.concatenate([self.rows, rows]), np.concatenate([self.keys, keys])
+        if len(rows) > self.max_rows:
+            keep = np.argpartition(keys, self.max_rows)[: self.max_rows]
+            keep.sort()
+            rows, keys = rows[keep], keys[keep]
+        self.rows, self.keys = np.ascontiguousarray(rows), keys
+
+
+def make_observer(method: CalibrationMethod, num_bins: int = 2048) -> HistogramObserver | MinMaxObserver:
     """The smallest observer that can answer ``method``."""
-    if CalibrationMethod(method) is CalibrationMethod.minmax:
+    if method is CalibrationMethod.minmax:
         return MinMaxObserver()
     return HistogramObserver(num_bins)

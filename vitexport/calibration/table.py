@@ -8,39 +8,46 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInput
 from ..io import atomic_write_json, atomic_write_text
 
 __all__ = ["TABLE_VERSION", "ScaleTable", "write_trt_cache", "read_trt_cache", "scale_to_hex", "hex_to_scale"]
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 
 
-@dataclass
-class ScaleTable:
-    """Calibration results.
+class ScaleTable(BaseModel):
+    """Calibration results (``calibration.json``).
 
     Attributes:
         method: the calibration method.
         num_samples: samples seen.
         model_hash: sha256 of the float model file as given to quantization.
         data_hash: the sample set's fingerprint.
-        settings: everything else that changes the result (target, percentile, bins, equalisation...).
+        settings: everything else that changes the result (target, percentile, bins, smoothing...).
         tensors: name → {amax, scale, lo, hi, min, max} (scale = amax / 127).
-        equalization: site name → per-channel factors (empty when none).
+        equalization: smoothing site → per-channel factors (empty when none).
+        bias: Linear node → the mean INT8 output error its float bias absorbs (bias correction).
+        choices: what the searches chose (``alpha`` per site, ``range`` per tensor), for the report.
     """
 
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = TABLE_VERSION
     method: str
     num_samples: int
     model_hash: str
     data_hash: str
     settings: dict[str, Any]
-    tensors: dict[str, dict[str, float]] = field(default_factory=dict)
-    equalization: dict[str, list[float]] = field(default_factory=dict)
+    tensors: dict[str, dict[str, float]] = Field(default_factory=dict)
+    equalization: dict[str, list[float]] = Field(default_factory=dict)
+    bias: dict[str, list[float]] = Field(default_factory=dict)
+    choices: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def key(self) -> dict[str, Any]:
         return {"model_hash": self.model_hash, "data_hash": self.data_hash, "method": self.method,
@@ -52,16 +59,11 @@ class ScaleTable:
                               "settings": json.loads(json.dumps(settings))}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": TABLE_VERSION,
-            "method": self.method,
-            "num_samples": self.num_samples,
-            "model_hash": self.model_hash,
-            "data_hash": self.data_hash,
-            "settings": self.settings,
-            "tensors": {k: self.tensors[k] for k in sorted(self.tensors)},
-            "equalization": {k: self.equalization[k] for k in sorted(self.equalization)},
-        }
+        d = self.model_dump(mode="json")
+        d["tensors"] = dict(sorted(d["tensors"].items()))
+        d["equalization"] = dict(sorted(d["equalization"].items()))
+        d["bias"] = dict(sorted(d["bias"].items()))
+        return d
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_json(path, self.to_dict())
@@ -72,13 +74,13 @@ class ScaleTable:
         p = Path(path)
         try:
             d = json.loads(p.read_text())
-            if d.get("version") != TABLE_VERSION:
-                raise BadInput(f"{p}: scale table version {d.get('version')!r}, expected {TABLE_VERSION}")
-            return cls(d["method"], int(d["num_samples"]), d["model_hash"], d["data_hash"], d["settings"],
-                       {k: {kk: float(vv) for kk, vv in v.items()} for k, v in d["tensors"].items()},
-                       {k: [float(x) for x in v] for k, v in d.get("equalization", {}).items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BadInput(f"{p}: not a readable scale table ({exc})") from None
+            if not isinstance(d, dict) or d.get("version") != TABLE_VERSION:
+                got = d.get("version") if isinstance(d, dict) else None
+                raise BadInput(f"{p}: scale table version {got!r}, expected {TABLE_VERSION}")
+            return cls.model_validate(d)
+        except (OSError, ValueError, ValidationError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BadInput(f"{p}: not a readable scale table ({first})") from None
 
 
 def scale_to_hex(scale: float) -> str:

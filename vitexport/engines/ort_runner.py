@@ -1,66 +1,43 @@
-"""ONNX Runtime (CPU) runner."""
+"""ONNX Runtime (CPU) runner: the runner interface over a :class:`~vitexport.engines.sessions.Session`."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+import onnx
+import onnx_ir as ir
 
 from .base import BaseRunner, InputSpec
+from .sessions import ORT_TYPES, QDQ_AS_FLOAT, Session, SessionConfig
 
 __all__ = ["OnnxRuntimeRunner", "ORT_TYPES", "QDQ_AS_FLOAT"]
 
-#: session config that runs QuantizeLinear/DequantizeLinear as float ops instead of fusing them into
-#: ONNX Runtime's x86 integer kernels: the fake-quantized arithmetic TensorRT or an NPU performs.
-QDQ_AS_FLOAT: dict[str, str] = {"session.disable_quant_qdq": "1"}
-
-ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
-    "tensor(uint8)": np.uint8,
-    "tensor(int8)": np.int8,
-}
-
 
 class OnnxRuntimeRunner(BaseRunner):
-    """An ``onnxruntime.InferenceSession`` on the CPU provider.
+    """An ONNX Runtime session on the CPU provider, behind the runner interface.
 
     Args:
-        model: path to an ONNX file, or its serialized bytes.
-        threads: intra-op threads (0 lets ONNX Runtime decide).
-        output_names: outputs to fetch (default: the graph outputs, first one named ``output``
+        model: an ONNX file, serialised bytes, a ``ModelProto`` or an ``ir.Model``.
+        output_names: outputs to fetch (default: the graph outputs, the only one named ``output``
             when the graph has a single output, so runners compare by name).
-        config: session config entries (``SessionOptions.add_session_config_entry``), e.g.
-            ``{"session.disable_quant_qdq": "1"}`` to run a Q/DQ graph as float ops (fake quantization,
-            what TensorRT or an NPU computes) instead of ONNX Runtime's fused x86 integer kernels.
+        config: how the session runs (default: every optimisation). ``QDQ_AS_FLOAT`` runs a Q/DQ
+            graph as float ops (fake quantisation, what TensorRT or an NPU computes) instead of
+            ONNX Runtime's fused x86 integer kernels.
+        threads: intra-op threads, when no ``config`` is given.
     """
 
     engine = "onnxruntime"
 
-    def __init__(self, model: str | Path | bytes, threads: int = 0, output_names: list[str] | None = None,
-                 optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                 name: str | None = None, config: dict[str, str] | None = None):
+    def __init__(self, model: str | Path | bytes | onnx.ModelProto | ir.Model, threads: int = 0,
+                 output_names: list[str] | None = None, name: str | None = None, config: SessionConfig | None = None):
         super().__init__(name)
-        self.config = dict(config or {})
-        self.model = str(model) if isinstance(model, Path) else model
-        self.threads = threads
+        self.config = config or SessionConfig(threads=threads)
+        self.model = model
         self.output_names = output_names
-        self.optimization = optimization
-        self.session: ort.InferenceSession | None = None
+        self.session: Session | None = None
 
     def activate_impl(self) -> None:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = self.optimization
-        opts.log_severity_level = 3
-        for key, value in self.config.items():
-            opts.add_session_config_entry(key, str(value))
-        self.session = ort.InferenceSession(self.model, opts, providers=["CPUExecutionProvider"])
+        self.session = Session(self.model, self.config, outputs=self.output_names)
 
     def deactivate_impl(self) -> None:
         self.session = None
@@ -69,13 +46,12 @@ class OnnxRuntimeRunner(BaseRunner):
         assert self.session is not None
         return [
             InputSpec(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape), np.dtype(ORT_TYPES.get(i.type, np.float32)))
-            for i in self.session.get_inputs()
+            for i in self.session.inputs
         ]
 
     def infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self.session is not None
-        graph_outputs = [o.name for o in self.session.get_outputs()]
-        names = self.output_names or graph_outputs
+        names = self.session.output_names
         values = self.session.run(names, feed)
         if self.output_names is None and len(names) == 1:
             return {"output": values[0]}

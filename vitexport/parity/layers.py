@@ -24,7 +24,7 @@ from pydantic import model_validator
 
 from ..recipe import Tolerance
 from .data import Data, Sparse, result
-from .onnx_graph import OnnxGraph, _shape_ok, block_scopes, with_outputs
+from .onnx_graph import OnnxGraph, _shape_ok, block_scopes
 
 __all__ = [
     "LayerBudget",
@@ -398,8 +398,7 @@ class OnnxLayerProbe:
         names = list(dict.fromkeys(self.tensors.values()))
         if not names:
             return {}
-        proto = with_outputs(self.graph.model, names, self.graph)
-        runner = OnnxRuntimeRunner(proto.SerializeToString(), output_names=names, name="onnx-layers")
+        runner = OnnxRuntimeRunner(self.graph.model, output_names=names, name="onnx-layers")
         with runner:
             got = runner.infer_batches(feeds)
         return {layer: got[t] for layer, t in self.tensors.items()}

@@ -12,10 +12,9 @@ from typing import Any, Mapping
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-from onnx import numpy_helper
+import onnx_ir as ir
 
-from .onnx_graph import OnnxGraph, load_onnx, with_outputs
+from .onnx_graph import OnnxGraph, load_onnx
 
 __all__ = ["NonFiniteSource", "find_nonfinite", "first_nonfinite_op", "first_nonfinite_module", "locate_nonfinite"]
 
@@ -57,24 +56,16 @@ class NonFiniteSource:
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
+def _session(model: ir.Model, outputs: list[str] | None = None):
+    from ..engines.sessions import Session, SessionConfig
+
     # no fusion: every node of the file must exist in the session for its output to be observed
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return Session(model, SessionConfig(optimization="disable"), outputs=outputs)
 
 
-def _cast_feed(sess: ort.InferenceSession, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from ..engines.ort_runner import ORT_TYPES
-
-    out = {}
-    for i in sess.get_inputs():
-        arr = np.asarray(feed[i.name])
-        want = ORT_TYPES.get(i.type)
-        out[i.name] = arr.astype(want) if want is not None and arr.dtype != want else arr
-    return out
+def _cast_feed(sess, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    types = sess.input_types()
+    return {k: np.asarray(feed[k]).astype(t, copy=False) for k, t in types.items()}
 
 
 def _nonfinite(value: Any) -> bool:
@@ -97,22 +88,22 @@ def find_nonfinite(model: str | Path | bytes | onnx.ModelProto, feed: Mapping[st
     graph = OnnxGraph(proto)
     sess = _session(proto)
     feed = _cast_feed(sess, feed)
-    outputs = [o.name for o in sess.get_outputs()]
+    outputs = sess.output_names
     bad: set[str] = {n for n, v in zip(outputs, sess.run(outputs, feed)) if _nonfinite(v)}
     if not bad:
         return None
     bad_outputs = set(bad)
-    for init in proto.graph.initializer:
-        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            if _nonfinite(numpy_helper.to_array(init)):
-                bad.add(init.name)
+    floats = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
+    for v in proto.graph.initializers.values():
+        if v.const_value is not None and v.const_value.dtype in floats and _nonfinite(v.const_value.numpy()):
+            bad.add(v.name)
     bad.update(k for k, v in feed.items() if _nonfinite(v))
     inits = graph.initializers
     candidates = [o for n in graph.nodes for o in n.output
                   if o and o not in inits and o not in bad_outputs and graph.elem_type(o) in _FLOAT]
     for start in range(0, len(candidates), chunk):
         names = candidates[start:start + chunk]
-        s = _session(with_outputs(proto, names, graph))
+        s = _session(proto, names)
         values = s.run(names, feed)
         bad.update(n for n, v in zip(names, values) if _nonfinite(v))
         del values

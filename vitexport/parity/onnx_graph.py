@@ -6,8 +6,9 @@ metadata, writes ``pkg.torch.onnx.name_scopes`` (a list of qualified module name
 recover the module's qualified name (``model.blocks.0.attn.qkv``) from structured fields, and a
 module's output tensor is the output of the last node (topological order) in its scope.
 
-Intermediate tensors are made observable by adding them as graph outputs (a copy; the file on disk
-is never touched), with types from ``onnx.shape_inference``.
+The graph is an onnx-ir model (:mod:`vitexport.graph`); intermediate tensors are observed by asking
+the session for them as extra outputs (:class:`vitexport.engines.sessions.Session`), the file on
+disk is never touched.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import onnx
-from onnx import helper, shape_inference
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_common
 
 __all__ = [
     "OnnxGraph",
+    "NodeView",
     "load_onnx",
     "node_scope",
-    "with_outputs",
     "block_scopes",
     "scope_matches",
 ]
@@ -34,13 +36,11 @@ _SKIP_OPS = {"Constant", "ConstantOfShape", "Identity", "Shape", "Size"}
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 
-def load_onnx(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """A ModelProto from a path, serialized bytes or a ModelProto (returned as is)."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model))
-    return onnx.load(str(model))
+def load_onnx(model: str | Path | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
+    """An ``ir.Model`` from a path, serialized bytes, a ModelProto or an ``ir.Model`` (as is)."""
+    from ..graph.files import as_model
+
+    return as_model(model)
 
 
 def _scope_from_name(name: str) -> str | None:
@@ -62,19 +62,19 @@ def _scope_from_name(name: str) -> str | None:
     return ".".join(path)
 
 
-def node_scope(node: onnx.NodeProto) -> str | None:
+def node_scope(node: ir.Node) -> str | None:
     """The qualified torch module name a node was exported from, or None when the graph does not say."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            try:
-                scopes = ast.literal_eval(prop.value)
-            except (ValueError, SyntaxError):
-                break
-            # [..., 'model.blocks.0.attn.qkv', 'linear'] - the last entry is the op itself
-            if isinstance(scopes, (list, tuple)) and len(scopes) >= 2:
-                return str(scopes[-2])
-            return ""
-    return _scope_from_name(node.name)
+    prop = node.metadata_props.get("pkg.torch.onnx.name_scopes")
+    if prop is not None:
+        try:
+            scopes = ast.literal_eval(prop)
+        except (ValueError, SyntaxError):
+            return _scope_from_name(node.name or "")
+        # [..., 'model.blocks.0.attn.qkv', 'linear'] - the last entry is the op itself
+        if isinstance(scopes, (list, tuple)) and len(scopes) >= 2:
+            return str(scopes[-2])
+        return ""
+    return _scope_from_name(node.name or "")
 
 
 def scope_matches(scope: str, module_name: str) -> bool:
@@ -116,24 +116,29 @@ def block_scopes(scopes: Iterable[str]) -> list[str]:
     return [s for s in seen if counts[family(s)] >= 2]
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """A node as the parity code reads it: op, name, input and output tensor names."""
+
+    op_type: str
+    name: str
+    input: tuple[str, ...]
+    output: tuple[str, ...]
+
+
 @dataclass
 class OnnxGraph:
     """A loaded model with inferred value types and node scopes; read-only helper."""
 
-    model: onnx.ModelProto
+    model: ir.Model
 
     def __post_init__(self) -> None:
-        try:
-            self.inferred = shape_inference.infer_shapes(self.model)
-        except Exception:  # shape inference is best effort (custom domains, huge models)
-            self.inferred = self.model
-        g = self.inferred.graph
-        self.value_info: dict[str, onnx.ValueInfoProto] = {}
-        for vi in list(g.input) + list(g.value_info) + list(g.output):
-            self.value_info[vi.name] = vi
-        self.initializers = {i.name for i in g.initializer}
-        self.nodes = list(self.model.graph.node)
-        self.scopes = [node_scope(n) for n in self.nodes]
+        ir_common.ShapeInferencePass(strict_mode=False)(self.model)  # best effort; never raises
+        self.values = ir.convenience.create_value_mapping(self.model.graph)
+        self.initializers = set(self.model.graph.initializers)
+        self.nodes = [NodeView(n.op_type, n.name or "", tuple(v.name if v is not None else "" for v in n.inputs),
+                               tuple(v.name for v in n.outputs)) for n in self.model.graph]
+        self.scopes = [node_scope(n) for n in self.model.graph]
         self.consumers: dict[str, list[int]] = {}
         for i, n in enumerate(self.nodes):
             for name in n.input:
@@ -158,17 +163,15 @@ class OnnxGraph:
         return list(out)
 
     def elem_type(self, tensor: str) -> int | None:
-        vi = self.value_info.get(tensor)
-        if vi is None or not vi.type.HasField("tensor_type"):
-            return None
-        return vi.type.tensor_type.elem_type or None
+        v = self.values.get(tensor)
+        return int(v.dtype) if v is not None and v.dtype is not None else None
 
     def shape(self, tensor: str) -> tuple[int, ...] | None:
         """Static dims, -1 for symbolic ones; None when unknown."""
-        vi = self.value_info.get(tensor)
-        if vi is None or not vi.type.tensor_type.HasField("shape"):
+        v = self.values.get(tensor)
+        if v is None or v.shape is None:
             return None
-        return tuple(d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim)
+        return tuple(d if isinstance(d, int) else -1 for d in v.shape)
 
     def is_float(self, tensor: str) -> bool:
         t = self.elem_type(tensor)
@@ -232,25 +235,3 @@ def _shape_ok(have: tuple[int, ...] | None, want: Sequence[int]) -> bool:
     if len(have) != len(want):
         return False
     return all(h < 0 or w < 0 or h == w for i, (h, w) in enumerate(zip(have, want)) if i > 0)
-
-
-def with_outputs(model: onnx.ModelProto, tensors: Sequence[str], graph: OnnxGraph | None = None) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph also outputs ``tensors`` (typed from shape inference)."""
-    graph = graph or OnnxGraph(model)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    existing = {o.name for o in out.graph.output}
-    for name in tensors:
-        if name in existing:
-            continue
-        existing.add(name)
-        vi = graph.value_info.get(name)
-        if vi is not None and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            new = onnx.ValueInfoProto()
-            new.CopyFrom(vi)
-        else:
-            new = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-        out.graph.output.append(new)
-    return out
-
-

@@ -16,19 +16,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 __all__ = ["latency_ms", "latency_ratio", "measure_calibration_memory", "peak_rss_mb"]
 
 
-def _session(model: str | Path | bytes, threads: int) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
-                                providers=["CPUExecutionProvider"])
+def _session(model: str | Path | bytes, threads: int):
+    from ..engines.sessions import TIMING, Session
+
+    return Session(model, TIMING.replace(threads=threads))
 
 
 def latency_ms(model: str | Path | bytes, feed: dict[str, np.ndarray], *, threads: int = 2,
@@ -36,8 +31,7 @@ def latency_ms(model: str | Path | bytes, feed: dict[str, np.ndarray], *, thread
     """Latency (ms) of one ``session.run`` on ``feed`` — the ``median`` or the ``min`` of the runs
     (``min`` is steadier on a shared machine); stops early after ``budget_s``."""
     sess = _session(model, threads)
-    names = {i.name for i in sess.get_inputs()}
-    feed = {k: v for k, v in feed.items() if k in names}
+    feed = {k: v for k, v in feed.items() if k in sess.input_names}
     for _ in range(warmup):
         sess.run(None, feed)
     times = []

@@ -1,24 +1,26 @@
-"""Write Q/DQ: the conversion step that turns a float graph, a plan and calibrated ranges into a
-QDQ model.
+"""Convert: a float graph, a plan and calibrated ranges become a Q/DQ graph (an onnx-ir pass).
 
-Activations get ``QuantizeLinear → DequantizeLinear`` in front of each quantized input (one pair
-per consumer when the target wants dedicated pairs, else one per tensor). Weights are stored as
+Activations get ``QuantizeLinear → DequantizeLinear`` in front of each quantized input (one pair per
+consumer when the plan's encoding wants dedicated pairs, else one per tensor). Weights are stored as
 int8 initializers followed by a ``DequantizeLinear`` (with ``axis`` when per channel). Names are
 derived from tensor and node names only, so identical inputs give identical bytes.
+
+The conversion works on a clone of the float model (onnx-ir clones share tensor data), so one float
+model can be converted under several plans — the fallback's candidates — without copying weights;
+quantized weights are cached across conversions in a :class:`WeightCache`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
-from ..calibration.session import materialize
-from .graph import GraphIndex
-from .targets import QuantPlan
+from ..graph.query import const_array, opset_version
+from .spec import ActSpec, NodeSpec, QuantPlan, WeightSpec
 
-__all__ = ["ActParams", "act_params", "quantize_weight", "to_qdq", "QdqStats", "INT8_MAX"]
+__all__ = ["ActParams", "act_params", "quantize_weight", "WeightCache", "QdqStats", "convert", "INT8_MAX"]
 
 INT8_MAX = 127
 _MIN_SCALE = 1e-8
@@ -31,7 +33,7 @@ class ActParams:
     signed: bool  # int8 (True) or uint8
 
 
-def act_params(rng: dict[str, float], symmetric: bool) -> ActParams:
+def act_params(rng: Mapping[str, float], symmetric: bool) -> ActParams:
     """int8 symmetric (``amax / 127``, zero point 0) or uint8 asymmetric parameters from a range."""
     if symmetric:
         return ActParams(max(float(rng["amax"]) / INT8_MAX, _MIN_SCALE), 0, True)
@@ -47,153 +49,186 @@ def quantize_weight(w: np.ndarray, axis: int | None, qmax: int = INT8_MAX) -> tu
     if axis is None:
         amax = np.asarray(np.abs(w).max() if w.size else 0.0, dtype=np.float32)
         scale = np.maximum(amax / qmax, _MIN_SCALE).astype(np.float32)
-        q = np.clip(np.round(w / scale), -qmax, qmax).astype(np.int8)
-        return q, scale.reshape(())
+        return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int8), scale.reshape(())
     red = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=red) if w.size else np.zeros(w.shape[axis], np.float32)
     scale = np.maximum(amax / qmax, _MIN_SCALE).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8)
-    return q, scale
+    return np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8), scale
+
+
+@dataclass
+class WeightCache:
+    """Quantized weights by (initializer, axis, qmax): shared by every conversion of one float model.
+
+    ``overrides`` holds integer weights chosen by a rounding optimiser (name → (q, scale)) that
+    replace plain round-to-nearest for that initializer; ``bias`` the bias correction of each Linear
+    node (the mean INT8 output error its float bias absorbs), applied while the node is quantized.
+    """
+
+    entries: dict[tuple[str, int | None, int], tuple[ir.Tensor, ir.Tensor, ir.Tensor]] = field(default_factory=dict)
+    overrides: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    bias: Mapping[str, list[float]] = field(default_factory=dict)
+
+    def get(self, stem: str, w: np.ndarray, axis: int | None, qmax: int) -> tuple[ir.Tensor, ir.Tensor, ir.Tensor]:
+        key = (stem, axis, qmax)
+        if key not in self.entries:
+            q, scale = self.overrides.get(stem) or quantize_weight(w, axis, qmax)
+            self.entries[key] = (ir.tensor(q, name=f"{stem}_quantized"), ir.tensor(scale, name=f"{stem}_scale"),
+                                 ir.tensor(np.zeros(scale.shape, np.int8), name=f"{stem}_zero_point"))
+        return self.entries[key]
 
 
 @dataclass
 class QdqStats:
-    quantized_nodes: int
-    qdq_pairs: int
-    weights: int
+    quantized_nodes: int = 0
+    qdq_pairs: int = 0
+    weights: int = 0
 
 
-def _int32_bias(node, b: np.ndarray, a_scale: float, w_scale: np.ndarray, new_inits: list) -> list:
-    """An int32 bias (zero point 0, scale = activation scale × weight scale) and its DequantizeLinear."""
-    b = np.asarray(b, np.float32).reshape(-1)
-    scale = (np.float32(a_scale) * np.asarray(w_scale, np.float32)).astype(np.float32)
-    if scale.size == 1:
-        scale = np.full(b.shape, float(scale.reshape(())), np.float32)
-    scale = np.maximum(scale, _MIN_SCALE).astype(np.float32)
-    qb = np.clip(np.round(b / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
-    stem = f"{node.name}_bias"
-    new_inits.append(numpy_helper.from_array(qb, f"{stem}_quantized"))
-    new_inits.append(numpy_helper.from_array(scale, f"{stem}_scale"))
-    new_inits.append(numpy_helper.from_array(np.zeros(b.shape, np.int32), f"{stem}_zero_point"))
-    return [helper.make_node("DequantizeLinear", [f"{stem}_quantized", f"{stem}_scale", f"{stem}_zero_point"],
-                             [f"{stem}_dequantized"], name=f"{stem}_DequantizeLinear", axis=0)]
+class _Writer:
+    """Inserts the Q/DQ of one plan into one (cloned) graph."""
+
+    def __init__(self, model: ir.Model, plan: QuantPlan, ranges: Mapping[str, Mapping[str, float]], cache: WeightCache):
+        self.graph, self.enc, self.ranges, self.cache = model.graph, plan.encoding, ranges, cache
+        self.per_channel_ok = opset_version(model) >= 13
+        self.values = ir.convenience.create_value_mapping(model.graph)
+        self.acts: dict[str, tuple[ActParams, ir.Value, ir.Value]] = {}
+        self.shared: dict[str, ir.Value] = {}
+        self.weights: dict[tuple[str, int | None], tuple[ir.Value, np.ndarray]] = {}
+        self.stats = QdqStats()
+
+    def const(self, name: str, tensor: ir.Tensor | np.ndarray) -> ir.Value:
+        if name in self.graph.initializers:
+            return self.graph.initializers[name]
+        t = tensor if isinstance(tensor, ir.Tensor) else ir.tensor(tensor, name=name)
+        v = ir.Value(name=name, const_value=t, shape=ir.Shape(t.shape), type=ir.TensorType(t.dtype))
+        self.graph.register_initializer(v)
+        return v
+
+    def act(self, tensor: str) -> tuple[ActParams, ir.Value, ir.Value]:
+        if tensor not in self.acts:
+            p = act_params(self.ranges[tensor], self.enc.symmetric)
+            zp = np.asarray(p.zero_point, np.int8 if p.signed else np.uint8)
+            self.acts[tensor] = (p, self.const(f"{tensor}_scale", np.asarray(p.scale, np.float32)),
+                                 self.const(f"{tensor}_zero_point", zp))
+        return self.acts[tensor]
+
+    def pair(self, node: ir.Node, a: ActSpec) -> ir.Value:
+        """The dequantized value that replaces input ``a`` of ``node`` (a new or a shared pair)."""
+        if not self.enc.dedicated_pairs and a.tensor in self.shared:
+            return self.shared[a.tensor]
+        p, scale, zp = self.act(a.tensor)
+        stem = f"{node.name}_in{a.index}" if self.enc.dedicated_pairs else a.tensor
+        x = self.values[a.tensor]
+        q = ir.node("QuantizeLinear", [x, scale, zp], name=f"{stem}_QuantizeLinear")
+        q.outputs[0].name = f"{stem}_quantized"
+        q.outputs[0].dtype = ir.DataType.INT8 if p.signed else ir.DataType.UINT8
+        dq = ir.node("DequantizeLinear", [q.outputs[0], scale, zp], name=f"{stem}_DequantizeLinear")
+        dq.outputs[0].name = f"{stem}_dequantized"
+        dq.outputs[0].dtype = ir.DataType.FLOAT
+        q.outputs[0].shape = dq.outputs[0].shape = x.shape
+        self.graph.insert_before(node, [q, dq])
+        self.stats.qdq_pairs += 1
+        if not self.enc.dedicated_pairs:
+            self.shared[a.tensor] = dq.outputs[0]
+        return dq.outputs[0]
+
+    def weight(self, node: ir.Node, w: WeightSpec) -> tuple[ir.Value, np.ndarray]:
+        axis = w.axis if self.per_channel_ok else None
+        key = (w.initializer, axis)
+        if key not in self.weights:
+            stems = {k[0] for k in self.weights}
+            stem = w.initializer if w.initializer not in stems else f"{w.initializer}_axis{axis}"
+            arr = const_array(self.values[w.initializer])
+            q, scale, zp = self.cache.get(stem, arr, axis, self.enc.weight_qmax)
+            qv, sv, zv = (self.const(t.name, t) for t in (q, scale, zp))
+            attrs = {"axis": axis} if axis is not None else {}
+            dq = ir.node("DequantizeLinear", [qv, sv, zv], attrs, name=f"{stem}_DequantizeLinear")
+            dq.outputs[0].name = f"{stem}_dequantized"
+            dq.outputs[0].dtype = ir.DataType.FLOAT
+            dq.outputs[0].shape = ir.Shape(arr.shape)
+            self.graph.insert_before(node, [dq])
+            self.weights[key] = (dq.outputs[0], scale.numpy())
+            self.stats.weights += 1
+        return self.weights[key]
+
+    def bias(self, node: ir.Node, spec: NodeSpec, w_scale: np.ndarray) -> None:
+        """int32 bias (zero point 0, scale = activation scale × weight scale) for ONNX Runtime's QGemm."""
+        b = const_array(node.inputs[2]) if len(node.inputs) > 2 else None
+        if b is None or b.dtype != np.float32 or len(spec.acts) != 1:
+            return
+        b = b.reshape(-1)
+        scale = (np.float32(self.acts[spec.acts[0].tensor][0].scale) * np.asarray(w_scale, np.float32)).astype(np.float32)
+        scale = np.maximum(np.broadcast_to(scale, b.shape), _MIN_SCALE).astype(np.float32)
+        qb = np.clip(np.round(b / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
+        stem = f"{node.name}_bias"
+        dq = ir.node("DequantizeLinear", [self.const(f"{stem}_quantized", qb), self.const(f"{stem}_scale", scale),
+                                          self.const(f"{stem}_zero_point", np.zeros(b.shape, np.int32))],
+                     {"axis": 0}, name=f"{stem}_DequantizeLinear")
+        dq.outputs[0].name = f"{stem}_dequantized"
+        self.graph.insert_before(node, [dq])
+        node.replace_input_with(2, dq.outputs[0])
+
+    def correct_bias(self, node: ir.Node) -> None:
+        """Subtract the node's bias correction from its float bias (a Gemm's C, or the Add after a
+        MatMul); a Linear without a bias keeps its error (nothing to fold it into)."""
+        delta = self.cache.bias.get(node.name)
+        if delta is None:
+            return
+        delta = np.asarray(delta, np.float32)
+        target = (node, 2) if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if target is None and node.op_type == "MatMul":
+            uses = node.outputs[0].uses()
+            add = uses[0].node if len(uses) == 1 and uses[0].node.op_type == "Add" else None
+            if add is not None:
+                j = 1 - uses[0].idx
+                b = const_array(add.inputs[j])
+                target = (add, j) if b is not None and b.size == delta.size else None
+        if target is None:
+            return
+        owner, j = target
+        b = const_array(owner.inputs[j])
+        owner.replace_input_with(j, self.const(f"{node.name}_bias_corrected", (b.astype(np.float32) - delta.reshape(b.shape))))
+
+    def rewrite(self, node: ir.Node, spec: NodeSpec) -> None:
+        self.correct_bias(node)
+        for a in spec.acts:
+            node.replace_input_with(a.index, self.pair(node, a))
+        if spec.weight is not None:
+            dq, w_scale = self.weight(node, spec.weight)
+            node.replace_input_with(spec.weight.index, dq)
+            if self.enc.int32_bias and node.op_type in ("Gemm", "Conv"):
+                self.bias(node, spec, w_scale)
+        self.stats.quantized_nodes += 1
+
+    def drop_unused(self) -> None:
+        """Float initializers no node reads any more (replaced weights) leave the graph."""
+        outputs = set(self.graph.outputs)
+        for name, v in list(self.graph.initializers.items()):
+            if not v.uses() and v not in outputs and not v.is_graph_input():
+                self.graph.initializers.pop(name)
 
 
-def _copy_header(src: onnx.ModelProto) -> onnx.ModelProto:
-    m = onnx.ModelProto()
-    m.ir_version = src.ir_version
-    m.producer_name = src.producer_name
-    m.producer_version = src.producer_version
-    m.domain = src.domain
-    m.model_version = src.model_version
-    m.doc_string = src.doc_string
-    m.opset_import.extend(src.opset_import)
-    m.metadata_props.extend(src.metadata_props)
-    g = m.graph
-    g.name = src.graph.name
-    g.doc_string = src.graph.doc_string
-    g.input.extend(src.graph.input)
-    g.output.extend(src.graph.output)
-    return m
-
-
-def to_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, dict[str, float]],
-           index: GraphIndex | None = None) -> tuple[onnx.ModelProto, QdqStats]:
-    """A new QDQ model; ``model`` is left untouched.
+def convert(model: ir.Model, plan: QuantPlan, ranges: Mapping[str, Mapping[str, float]],
+            cache: WeightCache | None = None) -> tuple[ir.Model, QdqStats]:
+    """A new Q/DQ model (a clone sharing the float tensors); ``model`` is left untouched.
 
     Args:
-        model: the float model (after equalisation, if any); a skeleton's placeholders are read
-            from ``index.arrays`` and written out as real initializers.
+        model: the float model (after smoothing, if any).
         plan: the target's plan (nodes kept in float are simply absent from it).
         ranges: tensor → {amax, lo, hi} from the scale table.
+        cache: quantized weights to reuse across conversions of the same float model.
     Raises:
         KeyError: a planned tensor has no calibrated range.
     """
-    index = index or GraphIndex(model)
-    opset = index.opset()
-    per_channel_ok = opset >= 13
-    out = _copy_header(model)
-    g = out.graph
-    by_node = {n.name: n for n in plan.nodes}
-    new_inits: list[TensorProto] = []
-    act_cache: dict[str, ActParams] = {}
-    shared_dq: dict[str, str] = {}  # tensor -> dequantized name (shared pairs)
-    weight_dq: dict[tuple[str, int | None], str] = {}
-    weight_scales: dict[tuple[str, int | None], np.ndarray] = {}
-    weight_stems: set[str] = set()
-    pairs = 0
+    out = model.clone()
+    writer = _Writer(out, plan, ranges, cache if cache is not None else WeightCache())
+    by_name = {n.name: n for n in out.graph}
+    for spec in plan.nodes:
+        writer.rewrite(by_name[spec.node], spec)
+    writer.drop_unused()
+    return out, writer.stats
 
-    def params_for(tensor: str) -> ActParams:
-        if tensor not in act_cache:
-            p = act_params(ranges[tensor], plan.symmetric_activations)
-            act_cache[tensor] = p
-            zp_type = TensorProto.INT8 if p.signed else TensorProto.UINT8
-            new_inits.append(numpy_helper.from_array(np.asarray(p.scale, np.float32), f"{tensor}_scale"))
-            new_inits.append(helper.make_tensor(f"{tensor}_zero_point", zp_type, [], [p.zero_point]))
-        return act_cache[tensor]
 
-    for node in index.nodes:
-        q = by_node.get(node.name)
-        if q is None:
-            g.node.append(node)
-            continue
-        new_node = onnx.NodeProto()
-        new_node.CopyFrom(node)
-        for a in q.acts:
-            params_for(a.tensor)
-            if plan.dedicated_pairs:
-                stem = f"{node.name}_in{a.index}"
-                g.node.append(helper.make_node("QuantizeLinear", [a.tensor, f"{a.tensor}_scale", f"{a.tensor}_zero_point"],
-                                               [f"{stem}_quantized"], name=f"{stem}_QuantizeLinear"))
-                g.node.append(helper.make_node("DequantizeLinear", [f"{stem}_quantized", f"{a.tensor}_scale", f"{a.tensor}_zero_point"],
-                                               [f"{stem}_dequantized"], name=f"{stem}_DequantizeLinear"))
-                new_node.input[a.index] = f"{stem}_dequantized"
-                pairs += 1
-            else:
-                if a.tensor not in shared_dq:
-                    g.node.append(helper.make_node("QuantizeLinear", [a.tensor, f"{a.tensor}_scale", f"{a.tensor}_zero_point"],
-                                                   [f"{a.tensor}_quantized"], name=f"{a.tensor}_QuantizeLinear"))
-                    g.node.append(helper.make_node("DequantizeLinear", [f"{a.tensor}_quantized", f"{a.tensor}_scale", f"{a.tensor}_zero_point"],
-                                                   [f"{a.tensor}_dequantized"], name=f"{a.tensor}_DequantizeLinear"))
-                    shared_dq[a.tensor] = f"{a.tensor}_dequantized"
-                    pairs += 1
-                new_node.input[a.index] = shared_dq[a.tensor]
-        if q.weight is not None:
-            w = q.weight
-            axis = w.axis if per_channel_ok else None
-            key = (w.initializer, axis)
-            if key not in weight_dq:
-                # one initializer quantized two ways (per tensor and per channel, or on two axes) gets two names
-                stem = w.initializer if w.initializer not in weight_stems else f"{w.initializer}_axis{axis}"
-                weight_stems.add(w.initializer)
-                qw, scale = quantize_weight(index.const_value(w.initializer), axis, plan.weight_qmax)
-                weight_scales[key] = scale
-                new_inits.append(numpy_helper.from_array(qw, f"{stem}_quantized"))
-                new_inits.append(numpy_helper.from_array(scale, f"{stem}_scale"))
-                zp = np.zeros(scale.shape, np.int8)
-                new_inits.append(numpy_helper.from_array(zp, f"{stem}_zero_point"))
-                attrs = {"axis": axis} if axis is not None else {}
-                g.node.append(helper.make_node("DequantizeLinear", [f"{stem}_quantized", f"{stem}_scale", f"{stem}_zero_point"],
-                                               [f"{stem}_dequantized"], name=f"{stem}_DequantizeLinear", **attrs))
-                weight_dq[key] = f"{stem}_dequantized"
-            new_node.input[w.index] = weight_dq[key]
-            if plan.int32_bias and node.op_type in ("Gemm", "Conv") and len(node.input) > 2 and node.input[2]:
-                b = index.const_value(node.input[2])
-                if b is not None and b.dtype == np.float32 and len(q.acts) == 1:
-                    a_scale = act_cache[q.acts[0].tensor].scale
-                    g.node.extend(_int32_bias(node, b, a_scale, weight_scales[key], new_inits))
-                    new_node.input[2] = f"{node.name}_bias_dequantized"
-        g.node.append(new_node)
-
-    # float initializers still used by some node or graph output stay; fully replaced weights go
-    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
-    for init in model.graph.initializer:
-        if init.name in used:
-            g.initializer.append(materialize(init, index.arrays))
-    g.initializer.extend(new_inits)
-    # value_info of the float graph is still true for the float tensors; keep what remains
-    produced = {o for n in g.node for o in n.output}
-    g.value_info.extend(v for v in model.graph.value_info if v.name in produced)
-    return out, QdqStats(len(plan.nodes), pairs, len(weight_dq))

@@ -1,11 +1,8 @@
 """Where Q/DQ goes, per target: the rules are code in the target classes, not string flags.
 
-A target *annotates* a float graph (pt2e's split): it returns a :class:`QuantPlan` naming each node
-whose inputs become INT8, which of its inputs are activations (observed during calibration) and
-which is a weight (quantized offline, per channel or per tensor), and how activations are encoded.
-Calibration measures the plan's tensors; :mod:`vitexport.quantize.convert` writes the Q/DQ.
-
-Rules by target:
+A target *annotates* a float graph into a :class:`~.spec.QuantPlan` (which nodes get INT8 inputs,
+how activations and weights are encoded), *validates* a Q/DQ graph against its runtime's rules, and
+says which arithmetic its parity gate must run. Everything target-specific lives here.
 
 - :class:`OrinTarget` (TensorRT explicit quantization): symmetric int8 everywhere (zero point 0),
   per-channel weights on the output-channel axis, INT8 inputs of Conv / MatMul / Gemm with a constant
@@ -20,130 +17,100 @@ Rules by target:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
-import onnx
+import numpy as np
+import onnx_ir as ir
 
+from ..engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
+from ..graph.query import attr, const_array, is_const, static_shape
 from ..recipe import QuantizationSpec, Recipe, TargetKind
-from .graph import GraphIndex
+from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
 __all__ = [
-    "ActInput",
-    "WeightInput",
-    "QuantNode",
-    "QuantPlan",
-    "QuantTarget",
-    "OrinTarget",
-    "NpuTarget",
-    "CpuTarget",
-    "TARGETS",
-    "get_target",
+    "QuantTarget", "OrinTarget", "NpuTarget", "CpuTarget", "TARGETS", "get_target", "attention_role", "check_placement",
+    "float16_tensors",
 ]
 
 _LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 # ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Where", "Cast", "Identity", "Dropout", "Sub"})
-
-
-@dataclass(frozen=True)
-class ActInput:
-    """An activation input of a quantized node: ``tensor`` feeds input ``index`` of ``node``."""
-
-    node: str
-    index: int
-    tensor: str
-
-
-@dataclass(frozen=True)
-class WeightInput:
-    """A constant weight input; ``axis`` is the per-channel axis (None: per tensor)."""
-
-    node: str
-    index: int
-    initializer: str
-    axis: int | None
-
-
-@dataclass
-class QuantNode:
-    """A node whose inputs run in INT8. ``kind``: ``linear`` | ``conv`` | ``attention``."""
-
-    name: str
-    op_type: str
-    kind: str
-    acts: list[ActInput]
-    weight: WeightInput | None = None
-    macs: int = 0
-
-
-@dataclass
-class QuantPlan:
-    """What a target decided for one graph, plus how to encode it."""
-
-    target: str
-    nodes: list[QuantNode]
-    skipped: dict[str, str] = field(default_factory=dict)
-    symmetric_activations: bool = True
-    per_channel_weights: bool = True
-    dedicated_pairs: bool = True
-    forbid_float16: bool = False
-    int32_bias: bool = False
-    weight_qmax: int = 127
-
-    def tensors(self) -> list[str]:
-        """Activation tensors to calibrate, each once, in graph order."""
-        seen: dict[str, None] = {}
-        for n in self.nodes:
-            for a in n.acts:
-                seen.setdefault(a.tensor, None)
-        return list(seen)
-
-    def without(self, names: set[str] | frozenset[str]) -> "QuantPlan":
-        """The same plan with ``names`` kept in float."""
-        return QuantPlan(
-            self.target, [n for n in self.nodes if n.name not in names],
-            {**self.skipped, **{n: "kept in float (fallback)" for n in names}},
-            self.symmetric_activations, self.per_channel_weights, self.dedicated_pairs, self.forbid_float16,
-            self.int32_bias, self.weight_qmax,
-        )
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:
-    if not shape or any(d <= 0 for d in shape):
+    if not shape:
         return 0
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def attention_role(node: ir.Node) -> str | None:
+    """'pv' if the MatMul's left operand comes from a Softmax, 'qk' if its output reaches one, else None."""
+    v = node.inputs[0]
+    for _ in range(4):
+        p = v.producer() if v is not None else None
+        if p is None:
+            break
+        if p.op_type == "Softmax":
+            return "pv"
+        if p.op_type not in _SCORE_OPS:
+            break
+        v = p.inputs[0]
+    frontier, depth = list(node.outputs), 0
+    while frontier and depth < 6:
+        nxt = []
+        for value in frontier:
+            for use in value.uses():
+                if use.node.op_type == "Softmax":
+                    return "qk"
+                if use.node.op_type in _SCORE_OPS:
+                    nxt.extend(use.node.outputs)
+        frontier, depth = nxt, depth + 1
+    return None
 
 
 class QuantTarget:
     """Base: the rules common to all targets. Subclasses override the class attributes / hooks."""
 
-    kind: TargetKind
+    kind: ClassVar[TargetKind]
     #: symmetric (int8, zero point 0) activations regardless of the recipe
-    force_symmetric: bool = True
+    force_symmetric: ClassVar[bool] = True
     #: per-tensor weights regardless of the recipe
-    force_per_tensor: bool = False
-    dedicated_pairs: bool = False
-    forbid_float16: bool = False
-    #: store Gemm / Conv biases as int32 (scale = activation scale × weight scale) so ONNX Runtime
-    #: fuses QGemm / QLinearConv; TensorRT wants float biases
-    int32_bias: bool = False
+    force_per_tensor: ClassVar[bool] = False
+    dedicated_pairs: ClassVar[bool] = False
+    forbid_float16: ClassVar[bool] = False
+    #: Gemm / Conv biases as int32 (scale = activation scale × weight scale) so ONNX Runtime fuses
+    #: QGemm / QLinearConv; TensorRT wants float biases
+    int32_bias: ClassVar[bool] = False
     #: ONNX Runtime's fused integer kernels are this target's runtime, so parity is measured through
     #: them; other targets are measured with float Q/DQ semantics (what TensorRT / an NPU computes)
-    runs_in_onnxruntime: bool = False
+    runs_in_onnxruntime: ClassVar[bool] = False
 
     def __init__(self, spec: QuantizationSpec):
         self.spec = spec
 
-    # --- hooks ------------------------------------------------------------------------------------
+    # --- what the target wants ----------------------------------------------------------------------
     def contribution(self):
         """Files and stages this target adds to the pipeline (a ``vitexport.stages.Contribution``), or None."""
         return None
 
-    def symmetric_activations(self) -> bool:
-        return self.force_symmetric or not self.spec.asymmetric_activations
+    @property
+    def gate_config(self) -> SessionConfig:
+        """The ONNX Runtime arithmetic that reproduces this target's (the INT8 gate and fallback run it)."""
+        return LOW_MEMORY if self.runs_in_onnxruntime else QDQ_AS_FLOAT
+
+    @property
+    def arithmetic(self) -> str:
+        """One line for the report: which arithmetic the INT8 gate ran."""
+        if self.runs_in_onnxruntime:
+            return "INT8 parity: ONNX Runtime's fused integer kernels (the cpu target's runtime)"
+        return ("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
+                f"the arithmetic the {self.kind.value} runtime performs")
+
+    def encoding(self) -> Encoding:
+        symmetric = self.force_symmetric or not self.spec.asymmetric_activations
+        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.spec.reduce_range_weights else 127)
 
     def per_channel(self) -> bool:
         return self.spec.per_channel_weights and not self.force_per_tensor
@@ -154,108 +121,103 @@ class QuantTarget:
             return False, "quantization.quantize_attention_matmuls is off"
         return True, ""
 
-    # --- annotate ---------------------------------------------------------------------------------
-    def annotate(self, index: GraphIndex) -> QuantPlan:
-        """Decide which nodes get INT8 inputs. Never modifies the graph."""
-        nodes: list[QuantNode] = []
+    # --- annotate -----------------------------------------------------------------------------------
+    def annotate(self, model: ir.Model) -> QuantPlan:
+        """Decide which nodes get INT8 inputs (needs static shapes). Never modifies the graph."""
+        nodes: list[NodeSpec] = []
         skipped: dict[str, str] = {}
         per_channel = self.per_channel()
-        for n in index.nodes:
-            if n.op_type not in _LINEAR_OPS:
+        for n in model.graph:
+            if n.op_type not in _LINEAR_OPS or n.domain not in ("", "ai.onnx"):
                 continue
-            q = self._linear(index, n, per_channel) if n.op_type != "MatMul" or index.is_const(n.input[1]) else None
-            if q is None and n.op_type == "MatMul" and not index.is_const(n.input[0]) and not index.is_const(n.input[1]):
-                q, why = self._attention(index, n)
-                if q is None:
-                    skipped[n.name] = why
-                    continue
-            if q is None:
-                skipped[n.name] = "no constant float weight on a supported input"
-                continue
-            if index.elem_type(n.input[0]) not in (None, onnx.TensorProto.FLOAT):
-                skipped[n.name] = "input is not float32"
-                continue
-            nodes.append(q)
-        return QuantPlan(
-            self.kind.value, nodes, skipped, self.symmetric_activations(), per_channel, self.dedicated_pairs,
-            self.forbid_float16, self.int32_bias, 63 if self.spec.reduce_range_weights else 127,
-        )
+            spec, why = self._node(n, per_channel)
+            if spec is None:
+                skipped[n.name] = why
+            else:
+                nodes.append(spec)
+        return QuantPlan(self.kind.value, tuple(nodes), self.encoding(), skipped)
 
-    def _linear(self, index: GraphIndex, n: onnx.NodeProto, per_channel: bool) -> QuantNode | None:
-        if n.op_type == "Conv":
-            w = n.input[1]
-            if w not in index.initializers:
-                return None
-            axis = 0
-            macs = _numel(index.shape(n.output[0])) * _numel(index.shape(w)[1:])
-            kind = "conv"
-        elif n.op_type == "Gemm":
-            if index.attr(n, "transA", 0):
-                return None
-            w = n.input[1]
-            if w not in index.initializers:
-                return None
-            axis = 0 if index.attr(n, "transB", 0) else 1
-            shp = index.shape(w)
-            macs = _numel(index.shape(n.output[0])) * (shp[1] if axis == 0 else shp[0])
-            kind = "linear"
-        else:  # MatMul with a constant right operand
-            w = n.input[1]
-            if w not in index.initializers:
-                return None
-            shp = index.shape(w)
-            if len(shp) < 2:
-                return None
-            axis = len(shp) - 1
-            macs = _numel(index.shape(n.output[0])) * shp[-2]
-            kind = "linear"
-        if index.initializers[w].data_type != onnx.TensorProto.FLOAT:
+    def _node(self, n: ir.Node, per_channel: bool) -> tuple[NodeSpec | None, str]:
+        x = n.inputs[0]
+        if x is None or x.dtype not in (None, ir.DataType.FLOAT):
+            return None, "input is not float32"
+        if n.op_type == "MatMul" and not is_const(n.inputs[1]):
+            if is_const(x):
+                return None, "no constant float weight on a supported input"
+            return self._attention(n)
+        spec = self._linear(n, per_channel)
+        return (spec, "") if spec is not None else (None, "no constant float weight on a supported input")
+
+    def _linear(self, n: ir.Node, per_channel: bool) -> NodeSpec | None:
+        w = n.inputs[1]
+        if w is None or w.const_value is None or w.const_value.dtype != ir.DataType.FLOAT:
             return None
-        return QuantNode(
-            n.name, n.op_type, kind, [ActInput(n.name, 0, n.input[0])],
-            WeightInput(n.name, 1, w, axis if per_channel else None), macs,
-        )
+        wshape = tuple(w.const_value.shape)
+        out = static_shape(n.outputs[0])
+        if n.op_type == "Conv":
+            axis, kind, macs = 0, NodeKind.conv, _numel(out) * _numel(wshape[1:])
+        elif n.op_type == "Gemm":
+            if attr(n, "transA", 0):
+                return None
+            axis = 0 if attr(n, "transB", 0) else 1
+            kind, macs = NodeKind.linear, _numel(out) * (wshape[1] if axis == 0 else wshape[0])
+        else:
+            if len(wshape) < 2:
+                return None
+            axis, kind, macs = len(wshape) - 1, NodeKind.linear, _numel(out) * wshape[-2]
+        return NodeSpec(n.name, n.op_type, kind, (ActSpec(n.inputs[0].name, 0),),
+                        WeightSpec(w.name, 1, axis if per_channel else None), macs)
 
-    def _attention(self, index: GraphIndex, n: onnx.NodeProto) -> tuple[QuantNode | None, str]:
-        a, b = index.shape(n.input[0]), index.shape(n.input[1])
+    def _attention(self, n: ir.Node) -> tuple[NodeSpec | None, str]:
+        a, b = static_shape(n.inputs[0]), static_shape(n.inputs[1])
         if not a or not b or len(a) < 3 or len(b) < 3:
             return None, "activation x activation MatMul of unknown or 2-D shape"
-        role = _attention_role(index, n)
+        role = attention_role(n)
         if role is None:
             return None, "activation x activation MatMul that is not attention (no Softmax next to it)"
-        seq = a[-2]
-        head = a[-1] if role == "qk" else b[-1]
+        seq, head = a[-2], (a[-1] if role == "qk" else b[-1])
         ok, why = self.attention_ok(head, seq)
         if not ok:
             return None, why
-        macs = _numel(index.shape(n.output[0])) * a[-1]
-        return QuantNode(n.name, n.op_type, "attention", [ActInput(n.name, 0, n.input[0]), ActInput(n.name, 1, n.input[1])],
-                         None, macs), ""
+        macs = _numel(static_shape(n.outputs[0])) * a[-1]
+        return NodeSpec(n.name, n.op_type, NodeKind.attention,
+                        (ActSpec(n.inputs[0].name, 0), ActSpec(n.inputs[1].name, 1)), None, macs), ""
+
+    def write_artifacts(self, work_dir: Path, scales: dict[str, float], method: str) -> dict[str, Path]:
+        """Files this target's toolchain reads besides the Q/DQ model (none by default).
+
+        Args:
+            work_dir: the output folder.
+            scales: activation tensor → int8 scale of the written model.
+            method: the calibration method (some formats record it).
+        """
+        return {}
+
+    # --- validate -----------------------------------------------------------------------------------
+    def validate(self, model: ir.Model) -> list[str]:
+        """Rule violations of a Q/DQ model for this target (empty when it follows the rules)."""
+        problems: list[str] = []
+        for n in model.graph:
+            if n.op_type in _QDQ:
+                problems += self._check_qdq(n)
+        if self.forbid_float16:
+            problems += float16_tensors(model)
+        return problems
+
+    def _check_qdq(self, n: ir.Node) -> list[str]:
+        scale = const_array(n.inputs[1])
+        if scale is None or not np.all(np.isfinite(scale)) or not np.all(scale > 0):
+            return [f"{n.name}: scale is not a finite positive constant"]
+        return []
 
 
-def _attention_role(index: GraphIndex, n: onnx.NodeProto) -> str | None:
-    """'pv' if the left operand comes from a Softmax, 'qk' if the output reaches one, else None."""
-    t = n.input[0]
-    for _ in range(4):
-        p = index.producer.get(t)
-        if p is None:
-            break
-        if p.op_type == "Softmax":
-            return "pv"
-        if p.op_type not in _SCORE_OPS:
-            break
-        t = p.input[0]
-    frontier, depth = [n.output[0]], 0
-    while frontier and depth < 6:
-        nxt = []
-        for t in frontier:
-            for c, _ in index.consumers.get(t, []):
-                if c.op_type == "Softmax":
-                    return "qk"
-                if c.op_type in _SCORE_OPS:
-                    nxt.extend(c.output)
-        frontier, depth = nxt, depth + 1
-    return None
+def float16_tensors(model: ir.Model) -> list[str]:
+    """'tensor X is float16' for every float16 value or initializer of the main graph."""
+    f16 = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    out = [f"initializer '{v.name}' is {v.dtype.name.lower()}" for v in model.graph.initializers.values() if v.dtype in f16]
+    for n in model.graph:
+        out += [f"tensor '{o.name}' is {o.dtype.name.lower()}" for o in n.outputs if o.dtype in f16]
+    return out
 
 
 class OrinTarget(QuantTarget):
@@ -267,6 +229,8 @@ class OrinTarget(QuantTarget):
     #: fused INT8 multi-head attention (TensorRT's MHA fusion) needs these head sizes and ≤ 512 tokens
     FUSED_HEAD_SIZES = (16, 32, 64)
     MAX_FUSED_SEQ = 512
+    #: ops TensorRT should run in float: a Q/DQ feeding one breaks the fusion or quantizes a residual
+    FLOAT_CONSUMERS = frozenset({"LayerNormalization", "Softmax", "Add", "Erf", "Div", "Sub", "Mul"})
 
     def attention_ok(self, head: int, seq: int) -> tuple[bool, str]:
         ok, why = super().attention_ok(head, seq)
@@ -284,6 +248,28 @@ class OrinTarget(QuantTarget):
 
         return TENSORRT
 
+    def _check_qdq(self, n: ir.Node) -> list[str]:
+        problems = super()._check_qdq(n)
+        zp = const_array(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] is not None else None
+        if zp is None or zp.dtype != np.int8 or np.any(zp != 0):
+            problems.append(f"{n.name}: TensorRT needs an int8 zero point of 0")
+        consumers = [u.node for u in n.outputs[0].uses()]
+        if n.op_type == "DequantizeLinear":
+            problems += [f"{n.name}: feeds {c.op_type} '{c.name}', which TensorRT should run in float"
+                         for c in consumers if c.op_type in self.FLOAT_CONSUMERS]
+            if not is_const(n.inputs[0]) and len(consumers) != 1:
+                problems.append(f"{n.name}: a DequantizeLinear shared by several consumers (TensorRT wants dedicated pairs)")
+        elif len(consumers) != 1:
+            problems.append(f"{n.name}: a QuantizeLinear with several consumers")
+        return problems
+
+    def write_artifacts(self, work_dir: Path, scales: dict[str, float], method: str) -> dict[str, Path]:
+        """TensorRT's legacy calibration cache (``calibration.cache``) beside the scale table."""
+        from ..calibration.table import write_trt_cache
+
+        header = "TRT-8501-MinMaxCalibration" if method == "minmax" else "TRT-8501-EntropyCalibration2"
+        return {"calibration_cache": write_trt_cache(work_dir / "calibration.cache", scales, header)}
+
 
 class NpuTarget(QuantTarget):
     """A generic edge NPU: per-tensor everything, uint8 activations when allowed, no float16."""
@@ -294,6 +280,13 @@ class NpuTarget(QuantTarget):
     dedicated_pairs = False
     forbid_float16 = True
 
+    def _check_qdq(self, n: ir.Node) -> list[str]:
+        problems = super()._check_qdq(n)
+        scale = const_array(n.inputs[1])
+        if scale is not None and scale.size > 1:
+            problems.append(f"{n.name}: per-channel quantization on a per-tensor target")
+        return problems
+
 
 class CpuTarget(QuantTarget):
     """ONNX Runtime on x86: the layout its QDQ fusions turn into integer kernels.
@@ -302,8 +295,7 @@ class CpuTarget(QuantTarget):
     to fuse ``QGemm`` (an unfused Q/DQ Gemm dequantizes its weights on every run and is slower
     than float). The recipe's ``asymmetric_activations`` picks uint8 activations (U8S8, ONNX
     Runtime's x86 fast path) and ``reduce_range_weights`` 7-bit weights, without which AVX2 /
-    AVX-512 CPUs lacking VNNI saturate ``vpmaddubsw``'s int16 sums (measured here: fused
-    per-channel U8S8 drifted to cosine 0.995 of its own float Q/DQ semantics).
+    AVX-512 CPUs lacking VNNI saturate ``vpmaddubsw``'s int16 sums.
     """
 
     kind = TargetKind.cpu
@@ -323,3 +315,11 @@ for _cls in (OrinTarget, NpuTarget, CpuTarget):
 def get_target(recipe: Recipe) -> QuantTarget:
     """The target object for a recipe's ``target`` kind."""
     return TARGETS[TargetKind(recipe.target)](recipe.quantization)
+
+
+def check_placement(model: ir.Model | str | Path, target: str | TargetKind) -> list[str]:
+    """Rule violations of a Q/DQ model (an ``ir.Model`` or a file) for ``target``'s runtime."""
+    from ..graph.files import load_model
+
+    m = model if isinstance(model, ir.Model) else load_model(model)
+    return TARGETS[TargetKind(target)](QuantizationSpec()).validate(m)

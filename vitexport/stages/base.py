@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from ..sources import LoadedModel
 
 __all__ = [
+    "model_files",
+    "model_hash",
     "Stage",
     "StageOutput",
     "StageSkipped",
@@ -178,9 +180,23 @@ def module_hash(module: torch.nn.Module, example_inputs: dict[str, torch.Tensor]
     return h.hexdigest()[:24]
 
 
+def model_files(path: Path) -> dict[str, Path]:
+    """A saved ONNX model's files by name: the ``.onnx`` and, for a large model, its ``.data``."""
+    from ..graph.files import artifact_files
+
+    return {p.name: p for p in artifact_files(path)}
+
+
+def model_hash(path: Path) -> str:
+    """Content hash of a saved ONNX model (every file it occupies)."""
+    from ..io import sha256_file
+
+    return content_key(*[sha256_file(p) for p in model_files(path).values()])
+
+
 def trim_memory() -> None:
     """Collect cycles (torch modules hold some) and hand the freed heap back to the OS."""
-    from ..calibration.session import release_memory
+    from ..memory import release_memory
 
     gc.collect()
     release_memory()

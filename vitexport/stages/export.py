@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..io import sha256_file
 from ..recipe import Recipe, StageName
-from .base import FP32_ONNX, RAW_ONNX, RunContext, StageOutput, content_key, module_hash, trim_memory
+from .base import FP32_ONNX, RAW_ONNX, RunContext, StageOutput, content_key, model_files, model_hash, module_hash, trim_memory
 
 __all__ = ["ExportStage", "SimplifyStage"]
 
@@ -30,7 +29,7 @@ class ExportStage:
         raw = ctx.out_dir / RAW_ONNX
         trim_memory()  # the exporter holds about two more copies of the weights: start from a trimmed heap
         exp = export_onnx(ctx.module, ctx.model.example_inputs, raw, ctx.recipe.export)
-        return StageOutput(files={RAW_ONNX: raw}, notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes],
+        return StageOutput(files=model_files(raw), notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes],
                            details={"export": exp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
@@ -50,14 +49,14 @@ class SimplifyStage:
 
     def key(self, ctx: RunContext) -> str:
         r = ctx.recipe
-        return content_key(ctx.key, sha256_file(ctx.files[RAW_ONNX]), r.contract.model_dump(mode="json"), r.export.simplify)
+        return content_key(ctx.key, model_hash(ctx.files[RAW_ONNX]), r.contract.model_dump(mode="json"), r.export.simplify)
 
     def run(self, ctx: RunContext) -> StageOutput:
         from ..export import simplify_onnx
 
         fp32 = ctx.out_dir / FP32_ONNX
         simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.recipe)
-        return StageOutput(files={FP32_ONNX: fp32}, notes=list(simp.notes), details={"simplify": simp.to_dict()})
+        return StageOutput(files=model_files(fp32), notes=list(simp.notes), details={"simplify": simp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
         from ..engines import OnnxRuntimeRunner

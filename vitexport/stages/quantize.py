@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..io import sha256_file
 from ..recipe import Recipe, StageName
-from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key
+from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key, model_files, model_hash
 
 __all__ = ["QuantizeStage", "CALIBRATION_FILES"]
 
@@ -33,7 +32,7 @@ class QuantizeStage:
 
     def key(self, ctx: RunContext) -> str:
         r = ctx.recipe
-        return content_key(ctx.key, sha256_file(ctx.files[FP32_ONNX]), ctx.calib.fingerprint(),
+        return content_key(ctx.key, model_hash(ctx.files[FP32_ONNX]), ctx.calib.fingerprint(),
                            r.calibration.model_dump(mode="json"), r.quantization.model_dump(mode="json"),
                            r.target.value, r.tolerance(self.name).model_dump(mode="json"))
 
@@ -41,13 +40,9 @@ class QuantizeStage:
         from ..quantize import quantize_int8
 
         r, fp32, int8 = ctx.recipe, ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        q = quantize_int8(fp32, int8, ctx.calib, r, ctx.out_dir, parity_feeds=ctx.reference.feeds,
-                          reference=ctx.reference.outputs["output"])
-        notes = list(q.notes)
-        if not _native(r):
-            notes.append("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
-                         f"the arithmetic the {r.target.value} runtime performs")
-        files = {INT8_ONNX: int8, **{n: ctx.out_dir / n for n in CALIBRATION_FILES if (ctx.out_dir / n).is_file()}}
+        q = quantize_int8(fp32, int8, ctx.calib, r, ctx.out_dir)
+        notes = [*q.notes, *_predicted(q), _target(r).arithmetic]
+        files = {**model_files(int8), **{n: ctx.out_dir / n for n in CALIBRATION_FILES if (ctx.out_dir / n).is_file()}}
         for write in self.artifacts:
             path = Path(write(int8, r))
             files[path.name] = path
@@ -55,18 +50,33 @@ class QuantizeStage:
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import QDQ_AS_FLOAT, OnnxRuntimeRunner
+        from ..engines import OnnxRuntimeRunner
 
         # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
-        # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets.
-        config = None if _native(ctx.recipe) else QDQ_AS_FLOAT
-        return OnnxRuntimeRunner(out.files[INT8_ONNX], name=self.name, config=config)
+        # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets - the same
+        # session configuration the fallback chose its float layers with.
+        return OnnxRuntimeRunner(out.files[INT8_ONNX], name=self.name, config=_target(ctx.recipe).gate_config)
 
 
-def _native(recipe: Recipe) -> bool:
+def _target(recipe: Recipe):
     from ..quantize import get_target
 
-    return get_target(recipe).runs_in_onnxruntime
+    return get_target(recipe)
+
+
+def _predicted(q) -> list[str]:
+    """What the quantizer predicted on its own held-out data, to read beside what the gate measures."""
+    if q.parity is None or q.selection is None:
+        return []
+    m = q.parity["metrics"]
+    top1 = m.get("top1_agreement_gated", m.get("top1_agreement"))
+    line = (f"predicted on {q.selection}: cosine_min {m['cosine_min']:.6f}"
+            + (f", top-1 (gated) {top1:.4f}" if top1 is not None else "")
+            + f" ({'passes' if q.parity['passed'] else 'misses'} the budget); the gate below measures the written file "
+            "on the parity data")
+    if q.float_fallback:
+        line += f"; float layers: {', '.join(f['node'] for f in q.float_fallback)} ({q.float_macs_share:.1%} of MACs)"
+    return [line]
 
 
 def _layers(ctx: RunContext, fp32: Path, int8: Path):

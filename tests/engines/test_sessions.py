@@ -1,0 +1,50 @@
+"""The one session factory: weights fed from the model's own arrays, intermediate outputs, configs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from vitexport.engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, TIMING, Session
+from vitexport.graph import load_model, save_model
+
+
+def _model(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 128)).astype(np.float32)  # 32 KB: fed as an input
+    b = rng.standard_normal((128,)).astype(np.float32)  # 512 B: stays a constant
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["output"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 128])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    return tmp_path / "m.onnx", w
+
+
+def test_ir_model_weights_are_fed_without_a_copy(tmp_path):
+    path, w = _model(tmp_path)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    save_model(ir.load(str(path)), tmp_path / "ext.onnx", external_min_bytes=1024)
+    model = load_model(tmp_path / "ext.onnx")  # weights memory-mapped from ext.onnx.data
+    sess = Session(model, LOW_MEMORY)
+    assert list(sess.weights) == ["w"] and sess.input_names == ["x"]
+    assert np.shares_memory(sess.weights["w"], model.graph.initializers["w"].const_value.numpy())
+    np.testing.assert_allclose(sess.run(None, {"x": x, "unused": x})[0], want, rtol=1e-6)
+    h = Session(model, LOW_MEMORY, outputs=["h"]).run(["h"], {"x": x})[0]  # an intermediate tensor
+    np.testing.assert_allclose(h, x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_configs_reach_onnx_runtime(tmp_path):
+    path, _ = _model(tmp_path)
+    opts = Session(path, QDQ_AS_FLOAT).session.get_session_options()
+    assert opts.get_session_config_entry("session.disable_quant_qdq") == "1"
+    assert opts.get_session_config_entry("session.disable_prepacking") == "1" and not opts.enable_cpu_mem_arena
+    timing = Session(path, TIMING)
+    assert timing.weights == {}  # a timed session reads the file itself: pre-packed constant weights
+    assert timing.session.get_session_options().intra_op_num_threads == 2

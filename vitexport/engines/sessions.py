@@ -1,0 +1,138 @@
+"""The one place ONNX Runtime sessions are made.
+
+Every session vitexport opens — the ONNX Runtime runner, calibration, the INT8 gate's arithmetic,
+the fallback's evaluations, NaN hunting, latency timing — comes from :class:`Session`, configured by
+a :class:`SessionConfig`. A session on an in-memory ``ir.Model`` gets the model's large float weights
+as inputs fed from the model's own arrays (:func:`vitexport.graph.weights_as_inputs`), so a ViT-B/16
+calibrated with several sessions still holds its weights once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+__all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING"]
+
+ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+}
+
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How a session runs.
+
+    Attributes:
+        threads: intra-op threads (0: ONNX Runtime decides).
+        optimization: graph optimisation level (``disable`` keeps every node observable).
+        low_memory: no memory arena and no weight pre-packing (pre-packing copies every MatMul
+            weight; an arena keeps a run's peak allocation for the session's life).
+        qdq_as_float: run QuantizeLinear/DequantizeLinear as float ops (``session.disable_quant_qdq``)
+            instead of fusing them into ONNX Runtime's x86 integer kernels: the fake-quantised
+            arithmetic TensorRT or an NPU performs.
+        spinning: let idle worker threads spin (fast for timing, wasteful on a shared machine).
+    """
+
+    threads: int = 0
+    optimization: str = "all"
+    low_memory: bool = False
+    qdq_as_float: bool = False
+    spinning: bool = False
+
+    def replace(self, **changes) -> "SessionConfig":
+        return SessionConfig(**{**self.__dict__, **changes})
+
+
+#: calibration and evaluation sessions: no arena, no pre-packing, no spinning threads
+LOW_MEMORY = SessionConfig(optimization="extended", low_memory=True)
+#: the float-semantics Q/DQ arithmetic of TensorRT / NPU targets
+QDQ_AS_FLOAT = LOW_MEMORY.replace(qdq_as_float=True)
+#: latency measurement: every optimisation, pre-packed weights, spinning threads, as deployed
+TIMING = SessionConfig(threads=2, optimization="all", spinning=True)
+
+
+def session_options(config: SessionConfig) -> ort.SessionOptions:
+    """ONNX Runtime options for ``config``."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = config.threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = _LEVELS[config.optimization]
+    if not config.spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if config.low_memory:
+        opts.enable_cpu_mem_arena = False
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    if config.qdq_as_float:
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    return opts
+
+
+class Session:
+    """An ONNX Runtime CPU session with ``run(names, feed)`` like ``InferenceSession``.
+
+    Args:
+        model: an ``ir.Model`` (large float weights fed as inputs, no copy), a path (ONNX Runtime
+            reads the file and its external data itself), serialised bytes or a ``ModelProto``.
+        config: how it runs.
+        outputs: graph outputs to expose instead of the model's own (intermediate tensors, for
+            calibration or per-layer comparison); names only, ONNX Runtime infers their types.
+    """
+
+    def __init__(self, model: ir.Model | str | Path | bytes | onnx.ModelProto, config: SessionConfig = LOW_MEMORY,
+                 outputs: Sequence[str] | None = None):
+        self.config = config
+        self.weights: dict[str, np.ndarray] = {}
+        opts = session_options(config)
+        if outputs is not None and not isinstance(model, ir.Model):
+            from ..graph.files import as_model
+
+            model = as_model(model)
+        if isinstance(model, ir.Model):
+            from ..graph.weights import weights_as_inputs
+
+            with weights_as_inputs(model) as (proto, weights):
+                self.weights = {k: np.ascontiguousarray(t.numpy(), dtype=np.float32) for k, t in weights.items()}
+                if outputs is not None:
+                    del proto.graph.output[:]
+                    proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
+                data = proto.SerializeToString()
+        elif isinstance(model, onnx.ModelProto):
+            data = model.SerializeToString()
+        else:
+            data = str(model) if isinstance(model, Path) else model
+        self.session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        del data
+        self.inputs = [i for i in self.session.get_inputs() if i.name not in self.weights]
+        self.input_names = [i.name for i in self.inputs]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def input_types(self) -> dict[str, np.dtype]:
+        """Data input name → numpy dtype."""
+        return {i.name: np.dtype(ORT_TYPES.get(i.type, np.float32)) for i in self.inputs}
+
+    def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one batch; ``feed`` may hold extra arrays (ignored) and needs no weights."""
+        full = {k: v for k, v in feed.items() if k in self.input_names}
+        full.update(self.weights)
+        return self.session.run(list(names) if names is not None else None, full)

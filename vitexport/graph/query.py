@@ -1,0 +1,100 @@
+"""The graph questions vitexport's ONNX passes ask, answered on onnx-ir values and nodes."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = [
+    "PASS_THROUGH_OPS",
+    "const_array",
+    "is_const",
+    "static_shape",
+    "attr",
+    "opset_version",
+    "producer_through",
+    "uses_through",
+]
+
+#: ops that move or reshape values without changing them (a channel stays a channel when the last
+#: dimension is unchanged)
+PASS_THROUGH_OPS = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value's constant content (an initializer or a ``Constant`` node's output), else None."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    node = value.producer()
+    if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+            a = node.attributes.get(key)
+            if a is None:
+                continue
+            v = a.value
+            return v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+    return None
+
+
+def is_const(value: ir.Value | None) -> bool:
+    """Whether the value is an initializer or the output of a ``Constant`` node."""
+    if value is None:
+        return False
+    if value.const_value is not None or value.is_initializer():
+        return True
+    node = value.producer()
+    return node is not None and node.op_type == "Constant"
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The value's shape when every dimension is a known integer, else None."""
+    if value is None:
+        return None
+    shape = value.shape
+    if shape is None and value.const_value is not None:
+        shape = value.const_value.shape
+    if shape is None:
+        return None
+    dims = tuple(shape)
+    if not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None
+    return dims
+
+
+def attr(node: ir.Node, name: str, default=None):
+    """An attribute's Python value (int, float, string, list, tensor), or ``default``."""
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def opset_version(model: ir.Model) -> int:
+    """The default-domain opset the model imports."""
+    return int(model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0)))
+
+
+def producer_through(value: ir.Value, ops: Iterable[str] = PASS_THROUGH_OPS) -> tuple[ir.Node | None, ir.Value]:
+    """Walk back from ``value`` through ``ops`` (first input each); returns the first producer that
+    is not one of them (None for a graph input or constant) and the value it produces."""
+    ops = frozenset(ops)
+    node = value.producer()
+    while node is not None and node.op_type in ops and node.inputs and node.inputs[0] is not None:
+        value = node.inputs[0]
+        node = value.producer()
+    return node, value
+
+
+def uses_through(value: ir.Value, ops: Iterable[str] = PASS_THROUGH_OPS) -> list[tuple[ir.Node, int]]:
+    """Every (consumer, input index) of ``value``, looking through ``ops`` fed at input 0."""
+    ops = frozenset(ops)
+    out: list[tuple[ir.Node, int]] = []
+    for use in value.uses():
+        node, idx = use.node, use.idx
+        if node.op_type in ops and idx == 0:
+            for o in node.outputs:
+                out.extend(uses_through(o, ops))
+        else:
+            out.append((node, idx))
+    return out

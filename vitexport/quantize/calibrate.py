@@ -1,0 +1,261 @@
+"""Calibrate: statistics → smoothing → ranges → bias corrections, as one scale table.
+
+Two passes over the calibration data:
+
+1. *statistics* (the first ``quantization.equalize_samples``): per-channel max |X| and a sample of
+   activation rows at every quantized Linear's input;
+2. *ranges* (all samples, on the smoothed model): a streaming histogram per quantized activation.
+
+Between them the smoothing strength of each site is searched on the sampled rows (:mod:`.search`)
+and folded in (:mod:`.smooth`); after them each range is chosen (``calibration.method: auto``
+scores the histogram's candidates by the Linears' output error) and each Linear's bias correction
+computed. The table (``calibration.json``) records what produced it — the model file's hash, the
+data's fingerprint, every setting — and a later run with the same three reuses it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from ..calibration.collect import collect
+from ..calibration.data import SampleSet
+from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
+from ..calibration.table import ScaleTable
+from ..errors import BadInput
+from ..graph.query import attr
+from ..recipe import CalibrationMethod, Recipe
+from .convert import INT8_MAX
+from .search import QuantArith, bias_shift, search_alpha, search_range
+from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
+from .spec import NodeKind, NodeSpec, QuantPlan
+from .targets import QuantTarget, attention_role
+
+__all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of"]
+
+log = logging.getLogger("vitexport.quantize")
+
+TABLE_FORMAT = 3  # bump when what a table means changes
+#: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
+_AUTO_PERCENTILES = (99.9, 99.99, 99.999)
+
+
+@dataclass
+class CalibrationResult:
+    """The table, the plan of the (smoothed) model, and what smoothing did."""
+
+    table: ScaleTable
+    plan: QuantPlan
+    smoothed: int = 0
+    smooth_skipped: dict[str, str] = field(default_factory=dict)
+    reused: bool = False
+
+
+def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[str, Any]:
+    """Everything besides model and data that changes a table."""
+    cal, q = recipe.calibration, recipe.quantization
+    return {
+        "format": TABLE_FORMAT, "target": target.kind.value, "percentile": cal.percentile, "num_bins": cal.num_bins,
+        "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
+        "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
+        "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
+        "bias_correction": q.bias_correction, "search_rows": q.search_rows,
+        "quantize_attention_matmuls": q.quantize_attention_matmuls,
+    }
+
+
+def arith_of(target: QuantTarget) -> QuantArith:
+    """The rounding the target's plans write, for the searches."""
+    enc = target.encoding()
+    return QuantArith(enc.symmetric, target.per_channel(), enc.weight_qmax)
+
+
+def _linears(plan: QuantPlan) -> list[NodeSpec]:
+    return [n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None]
+
+
+@dataclass
+class _Stats:
+    """Pass-1 statistics per Linear input tensor (before smoothing)."""
+
+    absmax: dict[str, np.ndarray]
+    rows: dict[str, np.ndarray]
+
+
+def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> _Stats:
+    cal, q = recipe.calibration, recipe.quantization
+    tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
+    obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
+    log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
+    collect(model, samples.head(q.equalize_samples), obs, batch_size=cal.batch_size,
+            budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
+    return _Stats({t: o[0].amax for t, o in obs.items() if o[0].amax is not None},
+                  {t: o[1].rows for t, o in obs.items() if o[1].rows is not None})
+
+
+def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
+    """A pass-1 tensor of the site (its Linears' input; through reshapes the rows are the same)."""
+    first = site.linears[0][0]
+    return next(n.acts[0].tensor for n in plan.nodes if n.node == first)
+
+
+def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats, recipe: Recipe,
+            res: CalibrationResult) -> dict[str, np.ndarray]:
+    """Choose each site's factors (searched α, or the recipe's), fold them in; returns linear node → s."""
+    q = recipe.quantization
+    sites, res.smooth_skipped = find_sites(model, plan, insert=q.smooth_insert)
+    arith, factors, alphas, per_node = arith_of(target), {}, {}, {}
+    for site in sites:
+        t = _site_tensor(plan, site)
+        if t not in stats.absmax:
+            continue
+        if q.equalize_alpha is None and t in stats.rows:
+            alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith)
+        else:
+            alpha = q.equalize_alpha if q.equalize_alpha is not None else 0.5
+            s = compute_factors(model, site, stats.absmax[t], alpha)
+        alphas[site.tensor] = alpha
+        if alpha is not None:
+            factors[site.tensor] = s
+            per_node.update({lin: s for lin, _, _ in site.linears})
+    res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
+    res.table.equalization = {k: [float(x) for x in v] for k, v in factors.items()}
+    res.table.choices["alpha"] = alphas
+    return per_node
+
+
+def _is_probability(values: dict[str, ir.Value], tensor: str) -> bool:
+    """Whether ``tensor`` is attention's Softmax output (the left input of attn·V)."""
+    return any(u.idx == 0 and u.node.op_type == "MatMul" and attention_role(u.node) == "pv"
+               for u in values[tensor].uses())
+
+
+def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, method, p in [("minmax", CalibrationMethod.minmax, 100.0), ("mse", CalibrationMethod.mse, 100.0),
+                            *[(f"percentile{q}", CalibrationMethod.percentile, q) for q in sorted({*_AUTO_PERCENTILES, percentile})]]:
+        r = ob.compute(method, p)
+        out[name] = {"amax": r.amax, "lo": r.lo, "hi": r.hi, "min": r.min, "max": r.max}
+    return out
+
+
+def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray],
+                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray]]]]:
+    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight)])."""
+    pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
+    out: dict[str, tuple[np.ndarray, list]] = {}
+    inits = model.graph.initializers
+    nodes = {n.name: n for n in model.graph}
+    for spec in _linears(plan):
+        rows = stats.rows.get(pre.get(spec.node, ""))
+        if rows is None:
+            continue
+        s = factors.get(spec.node)
+        node = nodes[spec.node]
+        in_axis = (1 if attr(node, "transB", 0) else 0) if node.op_type == "Gemm" \
+            else len(inits[spec.weight.initializer].const_value.shape) - 2
+        w = weight_in_out(inits[spec.weight.initializer].const_value.numpy(), in_axis)
+        entry = out.setdefault(spec.acts[0].tensor, (rows / s if s is not None else rows, []))
+        entry[1].append((spec.node, w))
+    return out
+
+
+def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
+            rows: dict, res: CalibrationResult) -> None:
+    cal = recipe.calibration
+    tensors = plan.tensors()
+    method = cal.method
+    observers = {t: [make_observer(CalibrationMethod.percentile if method is CalibrationMethod.auto else method, cal.num_bins)]
+                 for t in tensors}
+    log.debug("calibrating %d tensor(s) with %s", len(tensors), method.value)
+    res.table.num_samples = collect(model, samples, observers, batch_size=cal.batch_size,
+                                    budget_bytes=cal.memory_budget_mb << 20, description=f"calibrating ({method.value})")
+    values = ir.convenience.create_value_mapping(model.graph)
+    arith, chosen = arith_of(target), {}
+    for t in tensors:
+        ob = observers[t][0]
+        if _is_probability(values, t):
+            # attention probabilities: a clipping method squeezes the few large probabilities that
+            # matter; their exact range ([0, max] with max ≤ 1) costs nothing
+            name, rng = "minmax", ob.compute(CalibrationMethod.minmax, 100.0).__dict__
+        elif method is CalibrationMethod.auto and isinstance(ob, HistogramObserver) and ob.counts is not None:
+            cands = _candidates(ob, cal.percentile)
+            if t in rows:
+                name, _ = search_range(rows[t][0], [w for _, w in rows[t][1]], cands, arith)
+            else:  # no Linear reads it (attention inputs, a Conv's image): the tensor's own MSE decides
+                name = "mse"
+            rng = cands[name]
+        else:
+            name, rng = method.value, ob.compute(method, cal.percentile).__dict__
+        chosen[t] = name
+        res.table.tensors[t] = {"amax": rng["amax"], "scale": max(rng["amax"], 1e-30) / INT8_MAX, "lo": rng["lo"],
+                                "hi": rng["hi"], "min": rng["min"], "max": rng["max"]}
+    res.table.choices["range"] = chosen
+
+
+def _bias(target: QuantTarget, rows: dict, res: CalibrationResult) -> None:
+    arith = arith_of(target)
+    for t, (x, linears) in rows.items():
+        rng = res.table.tensors.get(t)
+        if rng is None:
+            continue
+        for node, w in linears:
+            res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith)]
+
+
+def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
+    """Smooth ``model`` in place (when the recipe says so) and calibrate the plan's activations.
+
+    Returns:
+        The result; ``result.plan`` is the plan of the smoothed model (weights may be renamed).
+    """
+    cal, q = recipe.calibration, recipe.quantization
+    table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
+    res = CalibrationResult(table, plan)
+    needs_stats = q.equalize or q.bias_correction or cal.method is CalibrationMethod.auto
+    stats = _statistics(model, plan, samples, recipe) if needs_stats and _linears(plan) else _Stats({}, {})
+    factors: dict[str, np.ndarray] = {}
+    if q.equalize:
+        factors = _smooth(model, target, plan, stats, recipe, res)
+        res.plan = target.annotate(model)
+    rows = _row_inputs(model, res.plan, stats, factors, plan)
+    _ranges(model, target, res.plan, samples, recipe, rows, res)
+    if q.bias_correction:
+        _bias(target, rows, res)
+    return res
+
+
+def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPlan, key: dict[str, Any],
+                notes: list[str], insert: bool = True) -> CalibrationResult | None:
+    """The table at ``path`` applied to ``model`` when it matches ``key`` (model hash, data hash,
+    method, settings); None otherwise (the caller calibrates). A matching table was made from this
+    very file with these settings, so its smoothing sites and tensors are this model's.
+
+    Raises:
+        RuntimeError: a matching table that does not fit the model (a bug, not stale data).
+    """
+    if not path.is_file():
+        return None
+    try:
+        table = ScaleTable.load(path)
+    except BadInput as exc:
+        notes.append(f"ignored an unreadable scale table: {exc}")
+        return None
+    if not table.matches(**key):
+        return None
+    res = CalibrationResult(table, plan, reused=True)
+    if table.equalization:
+        sites, res.smooth_skipped = find_sites(model, plan, insert=insert)
+        factors = {k: np.asarray(v, np.float32) for k, v in table.equalization.items()}
+        if set(factors) - {s.tensor for s in sites}:
+            raise RuntimeError(f"{path}: smoothing sites {sorted(set(factors) - {s.tensor for s in sites})[:3]} not in the model")
+        res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
+        res.plan = target.annotate(model)
+    missing = set(res.plan.tensors()) - set(table.tensors)
+    if missing:
+        raise RuntimeError(f"{path}: no range for {sorted(missing)[:3]}")
+    return res

@@ -1,0 +1,110 @@
+"""Choices scored on real activations: each Linear's output error decides.
+
+Three searches share one yardstick — the relative error a Linear's INT8 arithmetic adds to its float
+output, ``Σ‖Q(X)·Q(W) − X·W‖² / Σ‖X·W‖²``, on activation rows sampled during calibration
+(:class:`~vitexport.calibration.observers.RowSampler`), with exactly the rounding the converter
+writes (:func:`~.convert.act_params`, :func:`~.convert.quantize_weight`):
+
+- :func:`search_alpha`: the smoothing strength α of a site (SmoothQuant's migration, searched per
+  site rather than one global value; "no smoothing" is a candidate too);
+- :func:`search_range`: the clipping range of an activation among its histogram's candidates
+  (min/max, percentiles, MSE-optimal) — chosen per tensor rather than one method for all;
+- :func:`bias_shift`: the mean output error per channel, which the Linear's float bias absorbs
+  (bias correction: the systematic part of the error, e.g. a LayerNorm's mean times the weights'
+  rounding, disappears).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .convert import act_params, quantize_weight
+from .smooth import factors_from
+
+__all__ = ["QuantArith", "search_alpha", "search_range", "bias_shift", "ALPHAS"]
+
+#: smoothing strengths tried per site (None: no smoothing)
+ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+@dataclass(frozen=True)
+class QuantArith:
+    """The rounding a plan's encoding writes: activations symmetric int8 or asymmetric uint8,
+    weights per output channel or per tensor, ``qmax`` their largest magnitude."""
+
+    symmetric: bool = True
+    per_channel: bool = True
+    qmax: int = 127
+
+    def act(self, x: np.ndarray, rng: Mapping[str, float]) -> np.ndarray:
+        p = act_params(rng, self.symmetric)
+        if p.signed:
+            return np.clip(np.round(x / p.scale), -128, 127).astype(np.float32) * np.float32(p.scale)
+        return (np.clip(np.round(x / p.scale) + p.zero_point, 0, 255) - p.zero_point).astype(np.float32) * np.float32(p.scale)
+
+    def weight(self, w_io: np.ndarray) -> np.ndarray:
+        """Fake-quantized (C_in, C_out) weight, per output channel (axis 1) or per tensor."""
+        q, scale = quantize_weight(w_io, 1 if self.per_channel else None, self.qmax)
+        return q.astype(np.float32) * (scale.reshape(1, -1) if self.per_channel else scale)
+
+
+def _range_of(x: np.ndarray, amax: float) -> dict[str, float]:
+    return {"amax": float(amax), "lo": float(min(x.min(), 0.0)), "hi": float(max(x.max(), 0.0))}
+
+
+def _error(xq: np.ndarray, wqs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
+    noise = sum(float(np.square(xq @ wq - ref).sum()) for wq, ref in zip(wqs, refs))
+    signal = sum(float(np.square(ref).sum()) for ref in refs)
+    return noise / max(signal, 1e-30)
+
+
+def search_alpha(x: np.ndarray, weights: Sequence[np.ndarray], x_amax: np.ndarray, arith: QuantArith,
+                 alphas: Sequence[float | None] = ALPHAS) -> tuple[float | None, np.ndarray, dict[str, float]]:
+    """The smoothing strength with the smallest output error for one site.
+
+    Args:
+        x: sampled activation rows (N, C).
+        weights: the site's Linear weights as (C, C_out) matrices.
+        x_amax: per-channel max |X| over the calibration data (sets the activation range exactly).
+        arith: the target's rounding.
+        alphas: candidates (None: leave the site alone).
+    Returns:
+        (α, factors s, error of every candidate keyed ``str(α)``).
+    """
+    refs = [x @ w for w in weights]
+    w_amax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0).astype(np.float64)
+    errors: dict[str, float] = {}
+    best: tuple[float, float | None, np.ndarray] | None = None
+    for alpha in alphas:
+        s = np.ones(x.shape[1], np.float32) if alpha is None else factors_from(np.asarray(x_amax, np.float64), w_amax, alpha)
+        xs = x / s
+        xq = arith.act(xs, _range_of(xs, float(np.max(np.asarray(x_amax) / s))))
+        err = _error(xq, [arith.weight(w * s[:, None]) for w in weights], refs)
+        errors[str(alpha)] = err
+        if best is None or err < best[0]:
+            best = (err, alpha, s)
+    assert best is not None
+    return best[1], best[2], errors
+
+
+def search_range(x: np.ndarray, weights: Sequence[np.ndarray], candidates: Mapping[str, Mapping[str, float]],
+                 arith: QuantArith) -> tuple[str, dict[str, float]]:
+    """The candidate range (``name → {amax, lo, hi}``) with the smallest output error.
+
+    Args:
+        x: activation rows (N, C) as the Linears read them (after smoothing).
+        weights: the Linears' weights as (C, C_out) matrices (after smoothing).
+    Returns:
+        (best name, error of every candidate).
+    """
+    refs = [x @ w for w in weights]
+    wqs = [arith.weight(w) for w in weights]
+    errors = {name: _error(arith.act(x, rng), wqs, refs) for name, rng in candidates.items()}
+    return min(errors, key=lambda k: (errors[k], k)), errors
+
+
+def bias_shift(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith) -> np.ndarray:
+    """Mean INT8 output error per output channel, ``mean(Q(X)·Q(W) − X·W)`` over the rows (C_out,)."""
+    return (arith.act(x, rng) @ arith.weight(weight) - x @ weight).mean(axis=0).astype(np.float32)

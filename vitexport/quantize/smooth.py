@@ -1,0 +1,267 @@
+"""Outlier smoothing on the ONNX graph (SmoothQuant's migration, RepQ-ViT's reparameterisation),
+symmetric so TensorRT accepts it: an onnx-ir pass.
+
+A few activation channels with huge magnitudes ruin the per-tensor scale of the Linear(s) they feed.
+For each *site* — an activation tensor read only by quantized Linears — a per-channel factor ``s``
+moves that range into the weights, which are quantized per output channel and absorb it easily:
+
+    X_j → X_j / s_j        W[j, :] → W[j, :] · s_j        (every consuming Linear; X·W is unchanged)
+
+Where the tensor is a LayerNorm's output (or a decomposed LayerNorm's final affine ``Mul(γ)`` [→
+``Add(β)``]) the division folds into the affine terms (``γ/s``, ``β/s``: a *fold* site, no new node);
+anywhere else (a GELU output feeding ``fc2``, the attention output feeding ``proj``) a ``Mul`` by
+``1/s`` is inserted in front of the Linears (an *insert* site; NNCF does the same). The function is
+the same in float either way; only where the quantization noise lands changes. The factors come from
+:mod:`.search` (``s_j = max|X_j|^α / max|W_j|^(1−α)`` with α chosen per site on calibration data).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph.passes import GraphPass, GraphPassReport
+from ..graph.query import PASS_THROUGH_OPS, attr, const_array, is_const, static_shape
+from .spec import NodeKind, QuantPlan
+
+__all__ = ["SiteKind", "SmoothSite", "find_sites", "compute_factors", "SmoothPass", "weight_in_out"]
+
+_MIN_S, _MAX_S = 1e-4, 1e4
+
+
+class SiteKind(str, enum.Enum):
+    fold = "fold"  # into a LayerNorm's (or affine Mul/Add's) constants
+    insert = "insert"  # a new Mul in front of the Linears
+
+
+@dataclass(frozen=True)
+class SmoothSite:
+    """One activation tensor and the Linears it feeds.
+
+    Attributes:
+        tensor: the site's tensor (observed per channel during calibration).
+        name: the LayerNorm / affine node's name (fold) or the tensor's (insert).
+        kind: fold or insert.
+        scale_ref: (node name, input index) of γ; ``bias_ref`` the same for β (fold sites only).
+        linears: (node name, weight initializer, input-channel axis) of every consumer.
+        channels: the channel count.
+    """
+
+    tensor: str
+    name: str
+    kind: SiteKind
+    scale_ref: tuple[str, int] | None
+    bias_ref: tuple[str, int] | None
+    linears: tuple[tuple[str, str, int], ...]
+    channels: int
+
+
+def _vec(value: ir.Value | None, channels: int) -> bool:
+    v = const_array(value)
+    return v is not None and v.dtype == np.float32 and v.size == channels and v.shape[-1:] == (channels,)
+
+
+def _const_input(node: ir.Node) -> int | None:
+    if is_const(node.inputs[1]):
+        return 1
+    return 0 if is_const(node.inputs[0]) else None
+
+
+def _affine_source(value: ir.Value, channels: int) -> tuple[str, tuple[str, int], tuple[str, int] | None] | None:
+    """(name, scale_ref, bias_ref) when ``value`` is a LayerNorm / affine output, else None."""
+    p = value.producer()
+    if p is None:
+        return None
+    if p.op_type == "LayerNormalization":
+        rank = len(static_shape(value) or ())
+        if attr(p, "axis", -1) not in (-1, rank - 1) or not _vec(p.inputs[1], channels):
+            return None
+        bias = (p.name, 2) if len(p.inputs) > 2 and _vec(p.inputs[2], channels) else None
+        return p.name, (p.name, 1), bias
+    bias_ref = None
+    if p.op_type == "Add":
+        ci = _const_input(p)
+        if ci is None or not _vec(p.inputs[ci], channels) or len(p.inputs[1 - ci].uses()) != 1:
+            return None
+        bias_ref = (p.name, ci)
+        p = p.inputs[1 - ci].producer()
+        if p is None:
+            return None
+    if p.op_type == "Mul":
+        ci = _const_input(p)
+        if ci is None or not _vec(p.inputs[ci], channels):
+            return None
+        return p.name, (p.name, ci), bias_ref
+    return None
+
+
+def _consumers(value: ir.Value, channels: int) -> list[tuple[ir.Node, int]] | None:
+    """Consumers seen through channel-preserving reshapes; None if one reshapes channels."""
+    if value.is_graph_output():
+        return None
+    out = []
+    for use in value.uses():
+        c, j = use.node, use.idx
+        if c.op_type in PASS_THROUGH_OPS and j == 0:
+            shp = static_shape(c.outputs[0])
+            sub = _consumers(c.outputs[0], channels) if shp and shp[-1] == channels else None
+            if sub is None:
+                return None
+            out.extend(sub)
+        else:
+            out.append((c, j))
+    return out
+
+
+def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True) -> tuple[list[SmoothSite], dict[str, str]]:
+    """Sites where smoothing applies, and why other quantized Linears' inputs are not sites.
+
+    Args:
+        insert: also make *insert* sites (a Mul in front of the Linears) where no LayerNorm or
+            affine node can absorb the factors.
+    """
+    planned = {n.node: n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None}
+    values = ir.convenience.create_value_mapping(model.graph)
+    sites: dict[str, SmoothSite] = {}
+    skipped: dict[str, str] = {}
+    seen: set[str] = set()
+    for spec in planned.values():
+        v = values[spec.acts[0].tensor]
+        while v.producer() is not None and v.producer().op_type in PASS_THROUGH_OPS:
+            v = v.producer().inputs[0]
+        if v.name in seen:
+            continue
+        seen.add(v.name)
+        shp = static_shape(v)
+        if not shp:
+            skipped[spec.node] = "input shape unknown"
+            continue
+        site, why = _site(v, shp[-1], planned, insert)
+        if site is None:
+            skipped[v.name] = why
+        else:
+            sites[v.name] = site
+    return list(sites.values()), skipped
+
+
+def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool) -> tuple[SmoothSite | None, str]:
+    src = _affine_source(v, channels)
+    if src is None and not insert:
+        return None, "not after a LayerNorm, and inserting a Mul is off"
+    if src is None and (v.producer() is None or v.is_graph_input()):
+        return None, "a graph input"
+    consumers = _consumers(v, channels)
+    if consumers is None:
+        return None, "reshaped across channels or a graph output"
+    linears = []
+    for c, j in consumers:
+        q = planned.get(c.name)
+        if q is None or j != 0:
+            return None, f"also feeds {c.op_type} '{c.name}' (input {j}), which cannot absorb the factor"
+        w = c.inputs[1]
+        in_axis = (1 if attr(c, "transB", 0) else 0) if c.op_type == "Gemm" else len(w.const_value.shape) - 2
+        linears.append((c.name, w.name, in_axis))
+    if src is None:
+        return SmoothSite(v.name, v.name, SiteKind.insert, None, None, tuple(linears), channels), ""
+    name, scale_ref, bias_ref = src
+    return SmoothSite(v.name, name, SiteKind.fold, scale_ref, bias_ref, tuple(linears), channels), ""
+
+
+def weight_in_out(w: np.ndarray, in_axis: int) -> np.ndarray:
+    """A Linear's weight as a (C_in, C_out) matrix, so that ``X @ W`` is its output."""
+    return np.moveaxis(np.asarray(w, np.float32), in_axis, 0).reshape(w.shape[in_axis], -1)
+
+
+def site_weights(model: ir.Model, site: SmoothSite) -> list[np.ndarray]:
+    """The site's Linear weights as (C_in, C_out) matrices."""
+    inits = model.graph.initializers
+    return [weight_in_out(inits[w].const_value.numpy(), ax) for _, w, ax in site.linears]
+
+
+def compute_factors(model: ir.Model, site: SmoothSite, act_absmax: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's ``s_j = max|X_j|^α / max|W_j|^(1−α)``, clamped, 1 where a statistic is zero."""
+    w_amax = np.zeros(site.channels, np.float64)
+    for w in site_weights(model, site):
+        w_amax = np.maximum(w_amax, np.abs(w).max(axis=1).astype(np.float64))
+    return factors_from(np.asarray(act_absmax, np.float64), w_amax, alpha)
+
+
+def factors_from(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = np.power(x_amax, alpha) / np.power(w_amax, 1.0 - alpha)
+    s = np.where((x_amax > 0) & (w_amax > 0) & np.isfinite(s), s, 1.0)
+    return np.clip(s, _MIN_S, _MAX_S).astype(np.float32)
+
+
+class SmoothPass(GraphPass):
+    """Apply per-site factors, in place; the float function is unchanged.
+
+    Args:
+        sites: from :func:`find_sites`.
+        factors: site tensor → per-channel ``s`` (a site without factors is left alone).
+    """
+
+    name = "smooth"
+
+    def __init__(self, sites: list[SmoothSite], factors: Mapping[str, np.ndarray]):
+        super().__init__()
+        self.sites, self.factors = sites, factors
+
+    def requires(self, model: ir.Model) -> None:
+        values = ir.convenience.create_value_mapping(model.graph)
+        missing = [s.tensor for s in self.sites if s.tensor in self.factors and s.tensor not in values]
+        if missing:
+            raise ValueError(f"smoothing sites not in the graph: {missing[:3]}")
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        nodes = {n.name: n for n in model.graph}
+        values = ir.convenience.create_value_mapping(model.graph)
+        for site in self.sites:
+            s = self.factors.get(site.tensor)
+            if s is None:
+                report.skipped[site.tensor] = "no factors"
+                continue
+            s = np.asarray(s, np.float32)
+            if site.kind is SiteKind.fold:
+                self._scale(model, nodes[site.scale_ref[0]], site.scale_ref[1], 1.0 / s, f"{site.name}_equalized_scale")
+                if site.bias_ref is not None:
+                    self._scale(model, nodes[site.bias_ref[0]], site.bias_ref[1], 1.0 / s, f"{site.name}_equalized_bias")
+            else:
+                self._insert(model, values[site.tensor], 1.0 / s)
+            for lin, w_name, in_axis in site.linears:
+                shape = [1] * len(model.graph.initializers[w_name].const_value.shape)
+                shape[in_axis] = -1
+                self._scale(model, nodes[lin], 1, s.reshape(shape), f"{w_name}_equalized")
+            report.changed += 1
+
+    @staticmethod
+    def _insert(model: ir.Model, x: ir.Value, inv_s: np.ndarray) -> None:
+        """``x`` → ``Mul(x, 1/s)`` for every reader of ``x`` (all of them are the site's Linears)."""
+        uses = list(x.uses())
+        const = ir.Value(name=f"{x.name}_smooth_scale", const_value=ir.tensor(inv_s.astype(np.float32), name=f"{x.name}_smooth_scale"),
+                         shape=ir.Shape(inv_s.shape), type=ir.TensorType(ir.DataType.FLOAT))
+        model.graph.register_initializer(const)
+        mul = ir.node("Mul", [x, const], name=f"{x.name}_smooth_Mul")
+        out = mul.outputs[0]
+        out.name, out.shape, out.dtype = f"{x.name}_smoothed", x.shape, x.dtype
+        model.graph.insert_after(x.producer(), [mul])
+        for use in uses:
+            use.node.replace_input_with(use.idx, out)
+
+    @staticmethod
+    def _scale(model: ir.Model, node: ir.Node, idx: int, factor: np.ndarray, new_name: str) -> None:
+        """Multiply ``node``'s constant input ``idx`` by ``factor``: in place when this node is its only
+        reader, else as a new initializer (onnxsim shares identical ones, e.g. every LN's γ of ones)."""
+        old = node.inputs[idx]
+        arr = const_array(old)
+        new = np.ascontiguousarray((arr.astype(np.float32) * factor).reshape(arr.shape), np.float32)
+        if old.is_initializer() and len(old.uses()) == 1:
+            old.const_value = ir.tensor(new, name=old.name)
+            return
+        v = ir.Value(name=new_name, const_value=ir.tensor(new, name=new_name), shape=ir.Shape(new.shape),
+                     type=ir.TensorType(ir.DataType.FLOAT))
+        model.graph.register_initializer(v)
+        node.replace_input_with(idx, v)
