@@ -236,10 +236,12 @@ class RowSampler:
         self.rng = np.random.default_rng(seed)
         self.rows: np.ndarray | None = None
         self.keys: np.ndarray | None = None
+        self.seen = 0  # rows offered, kept or not
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32)
         rows = x.reshape(-1, x.shape[-1])
+        self.seen += len(rows)
         keys = self.rng.random(len(rows))
         if self.rows is not None:
             rows, keys = np.concatenate([self.rows, rows]), np.concatenate([self.keys, keys])

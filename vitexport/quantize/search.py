@@ -105,6 +105,14 @@ def search_range(x: np.ndarray, weights: Sequence[np.ndarray], candidates: Mappi
     return min(errors, key=lambda k: (errors[k], k)), errors
 
 
-def bias_shift(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith) -> np.ndarray:
-    """Mean INT8 output error per output channel, ``mean(Q(X)·Q(W) − X·W)`` over the rows (C_out,)."""
-    return (arith.act(x, rng) @ arith.weight(weight) - x @ weight).mean(axis=0).astype(np.float32)
+def bias_shift(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith,
+               z: float = 3.0) -> np.ndarray:
+    """Mean INT8 output error per output channel, ``mean(Q(X)·Q(W) − X·W)`` over the rows (C_out,).
+
+    A channel's mean is kept only where it stands ``z`` standard errors clear of zero: a mean that
+    sampling noise can explain would move the bias by noise.
+    """
+    err = arith.act(x, rng) @ arith.weight(weight) - x @ weight
+    mean = err.mean(axis=0)
+    se = err.std(axis=0, ddof=1) / np.sqrt(len(err)) if len(err) > 1 else np.full_like(mean, np.inf)
+    return np.where(np.abs(mean) > z * se, mean, 0.0).astype(np.float32)

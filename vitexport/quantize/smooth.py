@@ -261,6 +261,10 @@ class SmoothPass(GraphPass):
         if old.is_initializer() and len(old.uses()) == 1:
             old.const_value = ir.tensor(new, name=old.name)
             return
+        base, k = new_name, 0
+        while new_name in model.graph.initializers:  # a weight shared by several sites gets a copy for each
+            k += 1
+            new_name = f"{base}_{k}"
         v = ir.Value(name=new_name, const_value=ir.tensor(new, name=new_name), shape=ir.Shape(new.shape),
                      type=ir.TensorType(ir.DataType.FLOAT))
         model.graph.register_initializer(v)
