@@ -120,7 +120,10 @@ class _Flow(TorchFunctionMode):
                 except RuntimeError:  # e.g. a channels-first input the trailing shape does not fit
                     plain = False
                 if not plain:
+                    # Nothing to follow: a LayerNorm that cannot fold needs no consumer analysis, and
+                    # the per-channel check below assumes the normalized axis is the last one.
                     self.block(name, f"{type(module).__name__} does not compute a last-axis layer_norm")
+                    return
                 self.track(output, name)
             finally:
                 self.active = True
@@ -196,6 +199,8 @@ class _Flow(TorchFunctionMode):
                 return False
             g, b = self.affine(origin, a)
             expect = a * g + b
+            if not isinstance(b2, torch.Tensor) or b2.shape != expect.shape:
+                return False  # the shifted copy took another shape: the op broadcast over the channel axis
             scale = float(expect.abs().max()) if expect.numel() else 1.0
             if not torch.allclose(b2, expect, rtol=1e-4, atol=1e-5 * (1.0 + scale)):
                 return False
