@@ -237,13 +237,16 @@ def run_pipeline(
         finish(res)
 
     # --- ONNX export and simplify -----------------------------------------------------------------
-    key = _hash(key, _module_hash(current, model.example_inputs), recipe.export.model_dump(mode="json"))
+    # The passes' rewrites of attention live in hooks and attributes a state dict does not show: the
+    # stage settings are part of the key. The contract decides which index ops the export lowers.
+    key = _hash(key, _module_hash(current, model.example_inputs), recipe.export.model_dump(mode="json"),
+                recipe.stages.model_dump(mode="json"), recipe.contract.allowed_ops)
     raw = out_dir / "model.raw.onnx"
     if not reuse("export_onnx", key):
         _log.debug("stage export_onnx (resident %s)", _gb(resident_bytes()))
         _trim()  # the exporter holds about two more copies of the weights: start from a trimmed heap
         t0 = time.perf_counter()
-        exp = export_onnx(current, model.example_inputs, raw, recipe.export)
+        exp = export_onnx(current, model.example_inputs, raw, recipe.export, contract=recipe.contract)
         seconds = time.perf_counter() - t0
         with OnnxRuntimeRunner(raw, name="export_onnx") as runner:
             res = check_stage("export_onnx", runner, reference, recipe.tolerance("export_onnx"), seconds=seconds, unmasked=unmasked,
