@@ -184,6 +184,11 @@ def _set_const(model: onnx.ModelProto, index: GraphIndex, node_name: str, input_
         else:
             index.initializers[old].CopyFrom(numpy_helper.from_array(arr, old))
         return
+    # One shared weight scaled for two consumers (onnxsim merges equal weights: ConViT initialises every
+    # GPSA value projection to the identity) needs two copies: give each its own name.
+    base, k = new_name, 1
+    while new_name in index.initializers or new_name in index.shapes:
+        new_name, k = f"{base}_{k}", k + 1
     if in_arrays:
         index.arrays[new_name] = arr
         t = placeholder(new_name, shape)
@@ -191,6 +196,7 @@ def _set_const(model: onnx.ModelProto, index: GraphIndex, node_name: str, input_
         t = numpy_helper.from_array(arr, new_name)
     model.graph.initializer.append(t)
     index.initializers[new_name] = model.graph.initializer[-1]
+    index.shapes[new_name] = (shape, onnx.TensorProto.FLOAT)  # the re-annotation reads the weight's shape
     node.input[input_idx] = new_name
     uses[old] = uses.get(old, 1) - 1
     uses[new_name] = 1
