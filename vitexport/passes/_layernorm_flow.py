@@ -69,6 +69,7 @@ class _Flow(TorchFunctionMode):
         self.plans = {n: FoldPlan() for n in lns}
         self.tracked: dict[int, tuple[str, torch.Tensor]] = {}
         self.linear_by_weight = {id(m.weight): n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        self.linear_bias = {n: m.bias for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.mha_by_weight = {
             id(m.in_proj_weight): n
             for n, m in model.named_modules()
@@ -217,6 +218,10 @@ class _Flow(TorchFunctionMode):
             ow = self.origin(call.get(key))
             if ow is not None:
                 self.block(ow, f"its output is used as a Linear {key}")
+        if lin is not None and o is not None and call.get("bias") is not self.linear_bias[lin]:
+            # timm EVA / BEiT pass their own q/v bias to F.linear: beta folded into the module's bias
+            # would never be added.
+            self.block(o, f"Linear '{lin}' is called with a bias that is not its own")
         if lin is not None:
             self.linear_reads.setdefault(lin, set()).add(o)
         elif o is not None:
