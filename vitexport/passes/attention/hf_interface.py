@@ -26,7 +26,9 @@ from torch import nn
 
 from .ops import keep_from_mask, masked_value, where_logits
 
-__all__ = ["IMPLEMENTATION", "dispatches", "register", "attention", "boolean_mask", "plan_site", "switch"]
+__all__ = [
+    "IMPLEMENTATION", "Registration", "dispatches", "register", "attention", "boolean_mask", "plan_site", "switch",
+]
 
 IMPLEMENTATION = "vitexport"
 _PLAN = "vitexport_mask"  # "mask" | "kept" | "split"
@@ -52,6 +54,19 @@ def register() -> None:
         AttentionInterface.register(IMPLEMENTATION, attention)
     if IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(IMPLEMENTATION, boolean_mask)
+
+
+class Registration:
+    """Kept on a switched attention module: unpickling or copying the model registers ``"vitexport"``
+    again, so a model saved after the pass runs in a process that never ran it."""
+
+    def __reduce__(self):
+        return _registered, ()
+
+
+def _registered() -> Registration:
+    register()
+    return Registration()
 
 
 def _float_mask(module: nn.Module, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -148,6 +163,7 @@ def plan_site(module: nn.Module, how: str, keep: torch.Tensor | None = None) -> 
         keep: for ``split``, the boolean kept positions (stored as a non-persistent buffer).
     """
     setattr(module, _PLAN, how)
+    module.vitexport_registration = Registration()
     if keep is not None:
         module.register_buffer(_KEEP, keep.detach().clone(), persistent=False)
 

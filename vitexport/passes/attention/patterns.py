@@ -172,12 +172,13 @@ def _term(kind: str, op: Node, pos: Any, logits_pos: Any) -> MaskTerm:
         role = "mask"
     elif values is None:
         role = "bias"
+    elif source == "parameter" and (split := _find_split(node)) is not None:
+        # A mask joined to a learned bias: Swin's -100 plus a bias of +0.5 is -99.5, so the sum's
+        # values cannot say it; the add that joined them can.
+        role = "mask+bias"
     elif values.any_masked:
-        if source == "parameter":
-            split = _find_split(node)
-            role = "mask+bias" if split else "bias"  # a learned bias that went very negative stays a bias
-        else:
-            role = "mask" if values.binary else "mask+bias"
+        # a learned bias that went very negative stays a bias
+        role = "bias" if source == "parameter" else ("mask" if values.binary else "mask+bias")
     else:  # nothing masked: a mask only when it comes from the inputs (an unpadded batch)
         role = "mask" if values.all_zero and source == "input" else "bias"
     return MaskTerm(kind, op, pos, logits_pos, role, source, values, split)
