@@ -76,13 +76,18 @@ class Values:
             return cls(True, shape, any_true=bool(t.any()), any_false=bool((~t).any()))
         if not t.is_floating_point():
             return cls(False, shape, scalar=float(t) if t.numel() == 1 else None)
-        masked = t <= MASKED_AT_OR_BELOW
-        zero = t == 0
+        scalar = float(t) if t.numel() == 1 else None
+        if t.numel() == 0:
+            return cls(False, shape, binary=True, all_zero=True)
+        lo, hi = float(t.amin()), float(t.amax())
+        if lo > MASKED_AT_OR_BELOW:  # the common case (activations, biases): two reductions, no copies
+            zero = lo == 0.0 and hi == 0.0
+            return cls(False, shape, binary=zero, all_zero=zero, scalar=scalar)
+        masked, zero = t <= MASKED_AT_OR_BELOW, t == 0  # (NaN entries land here too: none is either)
         any_masked = bool(masked.any())
         return cls(
-            False, shape, any_masked=any_masked, binary=bool((masked | zero).all()),
-            all_zero=bool(zero.all()), scalar=float(t) if t.numel() == 1 else None,
-            keep=~masked if any_masked else None,
+            False, shape, any_masked=any_masked, binary=bool((masked | zero).all()), all_zero=bool(zero.all()),
+            scalar=scalar, keep=~masked if any_masked else None,
         )
 
 
