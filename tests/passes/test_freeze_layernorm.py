@@ -169,3 +169,54 @@ def test_tied_weights_are_not_folded():
     assert report.count("constants") == 1
     assert "tied weights" in report.changes[0].detail
     assert compare(_out(model, inputs), _out(out, inputs), TOL)
+
+
+class OwnBias(nn.Module):
+    """Like timm EVA / BEiT: the Linear's weight with a bias of the attention's own (q_bias, v_bias)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.qkv = nn.Linear(16, 48, bias=False)
+        self.q_bias = nn.Parameter(torch.randn(48))
+
+    def forward(self, x):
+        return nn.functional.linear(self.norm(x), self.qkv.weight, self.q_bias)
+
+
+class ChannelsFirstHead(nn.Module):
+    """Like timm MaxViT's head: pool, a channels-first LayerNorm2d, flatten, a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.layers import LayerNorm2d
+
+        self.conv = nn.Conv2d(3, 8, 4, 4)
+        self.norm = LayerNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(self.norm(self.pool(self.conv(x))).flatten(1))
+
+
+@pytest.mark.parametrize("model_cls, shape, reason", [
+    (OwnBias, (2, 5, 16), "is called with a bias that is not its own"),
+    (ChannelsFirstHead, (2, 3, 16, 16), "does not compute a last-axis layer_norm"),
+])
+def test_fold_declines_what_it_cannot_fold(model_cls, shape, reason):
+    from passes_zoo import randomise_layernorms
+
+    torch.manual_seed(0)
+    model = OutputAdapter(randomise_layernorms(model_cls().eval()), ["x"], keyword=False)
+    with torch.no_grad():  # LayerNorm2d: non-trivial affine too
+        for m in model.modules():
+            if type(m).__name__ == "LayerNorm2d":
+                m.weight.uniform_(0.5, 1.5), m.bias.normal_()
+    inputs = {"x": torch.randn(*shape)}
+    out, report = freeze_layernorm(model, inputs)
+    assert report.changed == 1 and report.count("constants") == 1, report.to_dict()
+    assert reason in report.changes[0].detail
+    for seed in range(4):
+        x = {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(seed))}
+        assert compare(_out(model, x), _out(out, x), TOL)

@@ -7,6 +7,7 @@ from torch import nn
 from passes_zoo import _Heads, build_case, token_case
 from vitexport.parity.metrics import compare
 from vitexport.passes import fuse_qkv, mask_to_where
+from vitexport.passes.attention import FusedProjection, ProjectionSlice
 from vitexport.recipe import Tolerance
 from vitexport.sources import OutputAdapter
 
@@ -23,9 +24,15 @@ def test_hf_projections_become_one_linear():
     model, report = fuse_qkv(case.model, case.inputs)
     assert report.changed == 2
     old, new = (next(m for m in mm.modules() if type(m).__name__ == "ViTAttention") for mm in (case.model, model))
-    assert isinstance(new.qkv, nn.Linear) and not hasattr(new, "q_proj") and hasattr(new, "o_proj")
+    assert isinstance(new.qkv, FusedProjection) and isinstance(new.o_proj, nn.Linear)
+    # the module's own forward still calls q_proj / k_proj / v_proj: they are slices of the fused Linear
+    assert all(isinstance(getattr(new, n), ProjectionSlice) and getattr(new, n).fused is new.qkv for n in ("q_proj", "k_proj", "v_proj"))
+    assert "forward" not in vars(new) and not new.q_proj._parameters
     torch.testing.assert_close(new.qkv.weight, torch.cat([old.q_proj.weight, old.k_proj.weight, old.v_proj.weight]), rtol=0, atol=0)
     torch.testing.assert_close(new.qkv.bias, torch.cat([old.q_proj.bias, old.k_proj.bias, old.v_proj.bias]), rtol=0, atol=0)
+    keys = set(model.state_dict())
+    assert {"model.vit.layers.0.attention.qkv.weight", "model.vit.layers.0.attention.o_proj.weight"} <= keys
+    assert not any("q_proj" in k for k in keys)  # the weights are held once, in the fused Linear
     for i in range(4):
         inputs = case.make_inputs(i)
         assert compare(_out(case.model, inputs), _out(model, inputs), TOL)
@@ -35,14 +42,22 @@ def test_traced_projections_become_one_linear_and_split():
     case = build_case("seed")
     model, report = fuse_qkv(case.model, case.inputs)
     attn = model.model.blocks[0].attn
-    assert [c.detail for c in report.changes] == ["traced_pattern: q/k/v -> one Linear"] * 2
+    assert [c.detail for c in report.changes] == ["observed: q/k/v -> one Linear"] * 2
     assert isinstance(attn.qkv, nn.Linear) and attn.qkv.out_features == 96
-    assert not any(hasattr(attn, n) for n in ("q", "k", "v"))
-    assert "torch.split" in attn.code or "split" in attn.code
+    assert all(isinstance(getattr(attn, n), ProjectionSlice) for n in ("q", "k", "v"))
+    # one projection per block runs: the slices share the fused result
+    calls = []
+    handle = attn.qkv.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with torch.no_grad():
+            model(**case.inputs)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
 
 
 def test_already_fused_layouts_are_reported_with_reasons():
-    for name, reason in (("timm_vit", "timm Attention"), ("tv_vit", "in_proj_weight"), ("timm_swin", "WindowAttention")):
+    for name, reason in (("timm_vit", "one Linear 'qkv'"), ("tv_vit", "in_proj_weight"), ("timm_swin", "one Linear 'qkv'")):
         case = build_case(name)
         model, report = fuse_qkv(case.model, case.inputs)
         assert report.changed == 0 and report.found == len(report.skipped) > 0

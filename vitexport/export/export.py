@@ -20,7 +20,8 @@ from torch import nn
 from ..engines.torch_runner import primary_output
 from ..errors import BadInput
 from ..io import atomic_path
-from ..recipe import Exporter, ExportSpec
+from ..recipe import ContractSpec, Exporter, ExportSpec
+from .lowering import LOWERABLE
 from .opset import convert_opset, default_opset
 from .rewrites import ExportRewrites
 
@@ -142,7 +143,8 @@ def _order(spec: ExportSpec) -> list[str]:
 
 
 def _rewrite_notes(spec: ExportSpec, counts: dict[str, int]) -> list[str]:
-    notes = []
+    notes = [f"{op} written as {how} (not in contract.allowed_ops): {counts[f'lowered_{op}']} call(s)"
+             for op, how in LOWERABLE.items() if counts.get(f"lowered_{op}")]
     for key, template in _REWRITE_NOTES.items():
         if counts.get(key):
             safe = " (float16-safe: scaled by max |x - mean| first)" if spec.fp16_safe_layernorm else ""
@@ -157,6 +159,8 @@ def export_onnx(
     example_inputs: dict[str, torch.Tensor],
     out_path: str | Path,
     spec: ExportSpec,
+    *,
+    contract: ContractSpec | None = None,
 ) -> ExportReport:
     """Export ``model`` to one ONNX file with static shapes at ``spec.opset``.
 
@@ -169,6 +173,8 @@ def export_onnx(
             ``batch_size`` or ``--input-shape``).
         out_path: where the file goes; written atomically (nothing is left on failure).
         spec: the recipe's ``export`` section.
+        contract: the recipe's ``contract``: index ops its ``allowed_ops`` lacks (CumSum,
+            GatherElements, And, Or) are written with ops it has (:mod:`.lowering`).
     Returns:
         An :class:`ExportReport`; ``report.exporter`` is ``'torchscript'`` or ``'dynamo'``.
     Raises:
@@ -188,7 +194,7 @@ def export_onnx(
     # renamed onto out_path only when one succeeded and removed otherwise.
     with atomic_path(out_path) as tmp:
         for exporter in _order(spec):
-            rewrites = ExportRewrites(spec)
+            rewrites = ExportRewrites(spec, contract)
             t1 = time.perf_counter()
             try:
                 with _eval_mode(wrapper), torch.no_grad(), rewrites:

@@ -1,7 +1,8 @@
 """Export-time rewrites of a few torch functions, applied while the exporter traces the model.
 
 The rewrites act on *calls* (``F.layer_norm``, ``F.scaled_dot_product_attention``, ``F.gelu``,
-``torch.einsum``) through a ``TorchFunctionMode``, PyTorch's supported hook for overriding torch
+``torch.einsum``, and for a target whose ``contract.allowed_ops`` lacks them ``cumsum``, ``gather``
+and boolean ``&`` / ``|``, see :mod:`.lowering`) through a ``TorchFunctionMode``, PyTorch's supported hook for overriding torch
 functions in a scope. Compared with swapping modules in a copy of the model this also catches the
 functional calls that modules such as timm's ``LayerNorm2d`` or Hugging Face attention make, never
 copies the weights, and leaves the caller's model untouched. Both exporters honour the mode: the
@@ -18,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..recipe import ExportSpec
+from ..recipe import ContractSpec, ExportSpec
 from .attention import explicit_attention
 from .einsum import einsum_as_matmul
 from .layernorm import decomposed_layer_norm
+from .lowering import LOWERABLE, bool_and, bool_or, cumsum_as_matmul, gather_as_matmul
 
 __all__ = ["ExportRewrites", "tanh_gelu"]
 
@@ -37,13 +39,18 @@ class ExportRewrites(TorchFunctionMode):
     Args:
         spec: the recipe's export section (``decompose_layernorm``, ``fp16_safe_layernorm``,
             ``explicit_attention``, ``einsum_as_matmul``, ``gelu_approximation``).
+        contract: the recipe's contract; ops of :data:`~.lowering.LOWERABLE` missing from its
+            ``allowed_ops`` are written with ops it has (counted as ``lowered_<Op>``).
     """
 
-    def __init__(self, spec: ExportSpec):
+    def __init__(self, spec: ExportSpec, contract: ContractSpec | None = None):
         super().__init__()
         self.spec = spec
         self.counts: Counter[str] = Counter()
         self._handlers: dict[Callable, Callable[..., Any]] = {}
+        allowed = None if contract is None or contract.allowed_ops is None else set(contract.allowed_ops)
+        self.lowered = frozenset(op for op in LOWERABLE if allowed is not None and op not in allowed)
+        self._lowering_handlers()
         if spec.decompose_layernorm:
             self._handlers[F.layer_norm] = self._layer_norm
         if spec.explicit_attention:
@@ -61,6 +68,42 @@ class ExportRewrites(TorchFunctionMode):
             if out is not NotImplemented:
                 return out
         return func(*args, **kwargs)
+
+    def _lowering_handlers(self) -> None:
+        if "CumSum" in self.lowered:
+            self._handlers[torch.cumsum] = self._handlers[torch.Tensor.cumsum] = self._cumsum
+        if "GatherElements" in self.lowered:
+            self._handlers[torch.gather] = self._handlers[torch.Tensor.gather] = self._gather
+        for op, fn, funcs in (
+            ("And", bool_and, (torch.logical_and, torch.Tensor.logical_and, torch.Tensor.__and__, torch.Tensor.__rand__,
+                               torch.bitwise_and, torch.Tensor.bitwise_and)),
+            ("Or", bool_or, (torch.logical_or, torch.Tensor.logical_or, torch.Tensor.__or__, torch.Tensor.__ror__,
+                             torch.bitwise_or, torch.Tensor.bitwise_or)),
+        ):
+            if op in self.lowered:
+                for f in funcs:
+                    self._handlers[f] = self._boolean(op, fn)
+
+    def _cumsum(self, input, dim, *, dtype=None, out=None):
+        if out is not None:
+            return NotImplemented
+        self.counts["lowered_CumSum"] += 1
+        return cumsum_as_matmul(input, dim, dtype=dtype)
+
+    def _gather(self, input, dim, index, *, sparse_grad=False, out=None):
+        if out is not None:
+            return NotImplemented
+        self.counts["lowered_GatherElements"] += 1
+        return gather_as_matmul(input, dim, index)
+
+    def _boolean(self, op: str, fn: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+        def handler(input, other, *args, **kwargs):
+            if args or kwargs or not all(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (input, other)):
+                return NotImplemented  # integers (bitwise ops) and out= calls are left alone
+            self.counts[f"lowered_{op}"] += 1
+            return fn(input, other)
+
+        return handler
 
     # The handlers bind the same arguments as the functions they replace, so a call with any mix of
     # positional and keyword arguments lands on the right parameter.

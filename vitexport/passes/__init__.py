@@ -4,17 +4,19 @@ Each pass is ``pass(model, example_inputs, spec=None, *, inplace=False) -> (mode
 importing this package registers them in :data:`PASSES`. A pass copies the model unless
 ``inplace=True``, and its report counts the sites it found, changed and skipped (with reasons).
 
-Attention is recognised by per-family adapters (:mod:`vitexport.passes.attention`): timm ``Attention``
-and Swin ``WindowAttention``, Hugging Face ViT / DeiT / BERT self-attention (eager and sdpa),
-``torch.nn.MultiheadAttention`` (torchvision ``EncoderBlock``). A module no adapter knows is traced
-with ``torch.fx`` and recognised by its pattern (q/k/v Linears sharing an input, a logits matmul or
-einsum, an add of a mask or a ``masked_fill`` before softmax, or ``scaled_dot_product_attention``).
+Attention is recognised in one observed run of the model, not by class names: a softmax between two
+products of projections (or a ``scaled_dot_product_attention`` call) is an attention wherever it is
+written (timm, torchvision, Hugging Face, your own code), and what is applied to its logits is told
+apart: masks (boolean, or 0 / very negative, from the inputs or constants) from biases (relative
+position tables). Hugging Face models are rewritten through transformers' attention registry, other
+modules under a scoped ``TorchFunctionMode`` hook; their own ``forward`` always runs
+(:mod:`vitexport.passes.attention`).
 
 Registering an adapter for your own attention class
 ----------------------------------------------------
-Needed only when your module cannot be traced (data-dependent Python control flow, ``*args``,
-``torch.finfo(x.dtype)`` on a traced value ...). Subclass :class:`AttentionAdapter`, match your class
-exactly, and rewrite the *instance* you are given (it belongs to the pass's copy of the model)::
+Needed only when the observed run cannot see your attention's math (it happens inside one opaque
+call: a custom C++/CUDA op, a compiled kernel), or to rewrite it your own way. Subclass
+:class:`AttentionAdapter`, match your class exactly, and rewrite the *instance* you are given (it belongs to the pass's copy of the model)::
 
     from vitexport.passes import (AttentionAdapter, QKVLayout, bind_call, fuse_linears,
                                   install_forward, project_qkv, register_attention_adapter,
@@ -54,8 +56,9 @@ exactly, and rewrite the *instance* you are given (it belongs to the pass's copy
             install_forward(module, my_forward)
             return module
 
-Registration refuses a name twice; user adapters (priority 100) are matched before the built-in ones
-(priority 0). ``unregister_attention_adapter(name)`` removes one.
+Registration refuses a name twice; a registered adapter takes the modules it matches before the
+generic path does, user adapters (priority 100) before the built-in one (``nn.MultiheadAttention``,
+priority 0). ``unregister_attention_adapter(name)`` removes one.
 """
 from __future__ import annotations
 

@@ -69,6 +69,7 @@ class _Flow(TorchFunctionMode):
         self.plans = {n: FoldPlan() for n in lns}
         self.tracked: dict[int, tuple[str, torch.Tensor]] = {}
         self.linear_by_weight = {id(m.weight): n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        self.linear_bias = {n: m.bias for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.mha_by_weight = {
             id(m.in_proj_weight): n
             for n, m in model.named_modules()
@@ -120,7 +121,10 @@ class _Flow(TorchFunctionMode):
                 except RuntimeError:  # e.g. a channels-first input the trailing shape does not fit
                     plain = False
                 if not plain:
+                    # Nothing to follow: a LayerNorm that cannot fold needs no consumer analysis, and
+                    # the per-channel check below assumes the normalized axis is the last one.
                     self.block(name, f"{type(module).__name__} does not compute a last-axis layer_norm")
+                    return
                 self.track(output, name)
             finally:
                 self.active = True
@@ -196,6 +200,8 @@ class _Flow(TorchFunctionMode):
                 return False
             g, b = self.affine(origin, a)
             expect = a * g + b
+            if not isinstance(b2, torch.Tensor) or b2.shape != expect.shape:
+                return False  # the shifted copy took another shape: the op broadcast over the channel axis
             scale = float(expect.abs().max()) if expect.numel() else 1.0
             if not torch.allclose(b2, expect, rtol=1e-4, atol=1e-5 * (1.0 + scale)):
                 return False
@@ -212,6 +218,10 @@ class _Flow(TorchFunctionMode):
             ow = self.origin(call.get(key))
             if ow is not None:
                 self.block(ow, f"its output is used as a Linear {key}")
+        if lin is not None and o is not None and call.get("bias") is not self.linear_bias[lin]:
+            # timm EVA / BEiT pass their own q/v bias to F.linear: beta folded into the module's bias
+            # would never be added.
+            self.block(o, f"Linear '{lin}' is called with a bias that is not its own")
         if lin is not None:
             self.linear_reads.setdefault(lin, set()).add(o)
         elif o is not None:

@@ -41,7 +41,10 @@ class ChangedSite:
 
 @dataclass
 class PassReport:
-    """Outcome of one pass: ``found`` candidate sites, ``changed`` rewritten, ``skipped`` with reasons."""
+    """Outcome of one pass: ``found`` candidate sites, ``changed`` rewritten, ``skipped`` with reasons.
+
+    ``stats`` holds the pass's other counts by name (e.g. ``attention_sites``, ``biases``).
+    """
 
     name: str
     found: int = 0
@@ -49,6 +52,7 @@ class PassReport:
     skipped: list[SkippedSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     changes: list[ChangedSite] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
 
     def skip(self, site: str, reason: str) -> None:
         self.skipped.append(SkippedSite(site, reason))
@@ -81,6 +85,7 @@ class PassReport:
             "skipped": [{"site": s.site, "reason": s.reason} for s in self.skipped],
             "notes": list(self.notes),
             "changes": [{"site": c.site, "action": c.action, "detail": c.detail} for c in self.changes],
+            "stats": dict(self.stats),
         }
 
 

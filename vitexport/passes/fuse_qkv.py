@@ -1,9 +1,11 @@
-"""``fuse_qkv``: three Linears reading the same input become one Linear and a split.
+"""``fuse_qkv``: separate Linears reading the same input and feeding one attention become one Linear.
 
-Hugging Face ViT / DeiT (``q_proj/k_proj/v_proj``), BERT (``query/key/value``) and hand-written
-``q/k/v`` attention get one projection (one MatMul/Gemm in the exported graph) with the weights
-stacked in q, k, v order. Already fused layouts (timm ``qkv``, ``nn.MultiheadAttention``'s
-``in_proj``) are reported unchanged, with the reason.
+Found by structure in the observed run, not by attribute names: Hugging Face ``q_proj/k_proj/v_proj``
+or ``query/key/value``, DistilBERT's ``q_lin/k_lin/v_lin``, ConViT's ``qk`` + ``v``, hand-written
+``q/k/v`` all get one projection (one MatMul/Gemm in the exported graph), weights stacked in q, k, v
+order; the old attributes become slices of it (:mod:`.attention.fused`), so the module's own code
+runs unchanged. Already fused layouts (timm ``qkv``, ``nn.MultiheadAttention``'s ``in_proj``),
+cross-attention and convolution projections are reported unchanged, with the reason.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def fuse_qkv(
         inplace: rewrite ``model`` itself instead of a copy.
     Returns:
         (model, report): found = attention sites; changed = fused; already fused or unsupported
-        layouts are skipped with the reason.
+        layouts are skipped with the reason; ``stats["already_fused"]`` counts the former.
     """
     report = PassReport("fuse_qkv")
     if spec is not None and not spec.enabled:
@@ -45,10 +47,12 @@ def fuse_qkv(
     model = maybe_copy(model, inplace)
     sites, notes, reference = find_attention_sites(model, example_inputs)
     report.notes.extend(notes)
+    report.stats = {"already_fused": 0}
     for site in sites:
         report.found += 1
         layout = site.layout
         if layout.kind == "fused":
+            report.stats["already_fused"] += 1
             report.skip(site.name, f"already fused: {layout.reason}")
             continue
         if layout.kind != "separate":

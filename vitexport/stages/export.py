@@ -20,15 +20,18 @@ class ExportStage:
         return True
 
     def key(self, ctx: RunContext) -> str:
-        return content_key(ctx.key, module_hash(ctx.module, ctx.model.example_inputs),
-                           ctx.recipe.export.model_dump(mode="json"))
+        # The passes' rewrites of attention live in hooks and attributes a state dict does not show:
+        # the stage settings are part of the key. The contract decides which index ops the export lowers.
+        r = ctx.recipe
+        return content_key(ctx.key, module_hash(ctx.module, ctx.model.example_inputs), r.export.model_dump(mode="json"),
+                           r.stages.model_dump(mode="json"), r.contract.allowed_ops)
 
     def run(self, ctx: RunContext) -> StageOutput:
         from ..export import export_onnx
 
         raw = ctx.out_dir / RAW_ONNX
         trim_memory()  # the exporter holds about two more copies of the weights: start from a trimmed heap
-        exp = export_onnx(ctx.module, ctx.model.example_inputs, raw, ctx.recipe.export)
+        exp = export_onnx(ctx.module, ctx.model.example_inputs, raw, ctx.recipe.export, contract=ctx.recipe.contract)
         return StageOutput(files=model_files(raw), notes=[f"exporter: {exp.exporter}, opset {exp.opset}", *exp.notes],
                            details={"export": exp.to_dict()})
 

@@ -1,9 +1,15 @@
-"""Attention adapters: how the passes recognise and rewrite each family's attention.
+"""How the passes recognise and rewrite attention, in every family, without per-family code.
 
-Built-in adapters (registered on import): timm ``Attention`` and Swin ``WindowAttention``, Hugging Face
-ViT / DeiT / BERT self-attention, ``torch.nn.MultiheadAttention`` (torchvision ``EncoderBlock``).
-Modules no adapter matches are traced (:mod:`.fx_pattern`); see :mod:`vitexport.passes` for how to
-register your own adapter.
+The model runs once under observation (:mod:`.observe`); attention is recognised by its shape in that
+run (:mod:`.patterns`: softmax between two products of projections, or
+``scaled_dot_product_attention``), and each mask term is told apart from a bias. Rewrites use the
+hook each module offers: transformers' attention registry for Hugging Face models
+(:mod:`.hf_interface`), a scoped ``TorchFunctionMode`` for any other module (:mod:`.runtime`), and
+slices of one fused Linear for q/k/v fusion (:mod:`.fused`).
+
+Registered adapters (:class:`AttentionAdapter`) take precedence for the modules they match: the
+built-in one for ``torch.nn.MultiheadAttention`` (its math happens inside one opaque call), and any a
+user registers; see :mod:`vitexport.passes` for how.
 """
 from __future__ import annotations
 
@@ -17,9 +23,9 @@ from .base import (
     register_attention_adapter,
     unregister_attention_adapter,
 )
-from .fx_pattern import TracedAttention, TraceFailure, analyse_module
-from .hf_adapters import HFSelfAttentionAdapter
+from .fused import FusedProjection, ProjectionSlice, fuse_projections
 from .mha_adapter import MultiheadAttentionAdapter
+from .observed import ObservedAttention
 from .ops import (
     MASKED_AT_OR_BELOW,
     bind_call,
@@ -30,8 +36,8 @@ from .ops import (
     project_qkv,
     where_logits,
 )
+from .patterns import MaskTerm, Pattern, find_patterns
 from .sites import AttentionSite, find_attention_sites
-from .timm_adapters import TimmAttentionAdapter, TimmWindowAttentionAdapter
 
 __all__ = [
     "ATTENTION_ADAPTERS",
@@ -39,14 +45,18 @@ __all__ = [
     "AttentionSite",
     "QKVLayout",
     "SiteUnsupported",
-    "TracedAttention",
-    "TraceFailure",
+    "ObservedAttention",
+    "MaskTerm",
+    "Pattern",
+    "FusedProjection",
+    "ProjectionSlice",
     "MASKED_AT_OR_BELOW",
     "adapter_for",
-    "analyse_module",
     "bind_call",
     "find_attention_sites",
+    "find_patterns",
     "fuse_linears",
+    "fuse_projections",
     "install_forward",
     "is_binary_additive",
     "keep_from_mask",
@@ -55,12 +65,8 @@ __all__ = [
     "register_attention_adapter",
     "unregister_attention_adapter",
     "where_logits",
-    "HFSelfAttentionAdapter",
     "MultiheadAttentionAdapter",
-    "TimmAttentionAdapter",
-    "TimmWindowAttentionAdapter",
 ]
 
-for _builtin in (TimmAttentionAdapter, TimmWindowAttentionAdapter, HFSelfAttentionAdapter, MultiheadAttentionAdapter):
-    if _builtin.name not in ATTENTION_ADAPTERS:  # a re-import (importlib.reload) must not fail
-        register_attention_adapter(_builtin)
+if MultiheadAttentionAdapter.name not in ATTENTION_ADAPTERS:  # a re-import (importlib.reload) must not fail
+    register_attention_adapter(MultiheadAttentionAdapter)

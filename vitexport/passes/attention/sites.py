@@ -1,17 +1,24 @@
-"""Finding the attention modules of a model: registered adapters first, then traced patterns."""
+"""Finding the attention modules of a model: one observed run, registered adapters where they apply.
+
+The model runs once (:mod:`.observe`) and every attention in that run is recognised by its shape
+(:mod:`.patterns`), whichever library wrote it. A module a registered adapter matches (a user's own
+adapter, ``nn.MultiheadAttention`` whose math happens inside one opaque call) is that adapter's site;
+every other attention is an :class:`~.observed.ObservedAttention` site.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
 from torch import nn
 
-from .._probe import probe_inputs, record_calls
+from .._probe import probe_inputs
 from .base import AttentionAdapter, QKVLayout, adapter_for
-from .fx_pattern import TraceFailure, TracedAttention, analyse_module
+from .observe import observe
+from .observed import ObservedAttention
 from .ops import is_binary_additive
+from .patterns import MaskTerm, find_patterns
 
 __all__ = ["AttentionSite", "find_attention_sites"]
 
@@ -20,8 +27,8 @@ __all__ = ["AttentionSite", "find_attention_sites"]
 class AttentionSite:
     """One attention module of a model and the adapter that rewrites it.
 
-    ``masks`` are the masks the module received on the probe run (adapter sites); traced sites know
-    their masks from the graph.
+    ``masks`` are the masks an adapter site received on the observed run (``adapter.mask_of``);
+    observed sites know their masks and biases from the run itself.
     """
 
     name: str
@@ -30,8 +37,8 @@ class AttentionSite:
     masks: list[torch.Tensor] = field(default_factory=list)
 
     @property
-    def traced(self) -> bool:
-        return isinstance(self.adapter, TracedAttention)
+    def observed(self) -> bool:
+        return isinstance(self.adapter, ObservedAttention)
 
     @property
     def layout(self) -> QKVLayout:
@@ -39,85 +46,81 @@ class AttentionSite:
 
     @property
     def has_mask(self) -> bool:
-        return self.adapter.has_mask() if self.traced else bool(self.masks)
+        return self.adapter.has_mask() if self.observed else bool(self.masks)
 
     @property
     def is_where(self) -> bool:
         return self.adapter.is_where(self.module)
 
     @property
+    def biases(self) -> list[MaskTerm]:
+        """Biases added to the logits that are not masks (kept as adds; reported)."""
+        return self.adapter.bias_terms() if self.observed else []
+
+    @property
     def mask_bias(self) -> bool:
-        """A float mask seen on the probe carried non-zero values at kept positions (a bias)."""
+        """A float mask seen on the run carried non-zero values at kept positions (a bias)."""
         return any(m.dtype != torch.bool and not is_binary_additive(m) for m in self.masks)
 
     def describe_mask(self) -> str:
-        if self.traced:
-            return self.adapter.mask_description()
+        if self.observed:
+            return self.adapter.describe_mask()
         kinds = sorted({"boolean" if m.dtype == torch.bool else ("additive" if not self.mask_bias else "additive with bias") for m in self.masks})
         return f"{' and '.join(kinds)} mask"
 
 
-def _is_candidate(module: nn.Module) -> bool:
-    # Hand-written attention owns its projections: at least two Linears as direct children.
-    if not isinstance(module, fx.GraphModule) and type(module).__module__.startswith("torch."):
-        return False
-    return sum(isinstance(c, nn.Linear) for c in module.children()) >= 2
-
-
 def _looks_like_attention(name: str, module: nn.Module) -> bool:
     leaf = name.rpartition(".")[2].lower()
-    return "attn" in leaf or "attention" in leaf or "attention" in type(module).__name__.lower()
+    named = "attn" in leaf or "attention" in leaf or "attention" in type(module).__name__.lower()
+    return named and sum(isinstance(c, nn.Linear) for c in module.children()) >= 2
+
+
+def _inside(name: str, owners: Any) -> bool:
+    return any(name == p or name.startswith(p + ".") or p == "" for p in owners)
 
 
 def find_attention_sites(
     model: nn.Module, example_inputs: dict[str, torch.Tensor]
 ) -> tuple[list[AttentionSite], list[str], Any]:
-    """All attention modules of ``model`` that an adapter or the traced pattern recognises.
+    """All attention modules of ``model``: adapter matches and attention seen in one observed run.
 
-    Runs the model once (mask inputs flipped, see :func:`~vitexport.passes._probe.probe_inputs`) to
-    record what each attention receives.
+    Runs the model once (mask inputs flipped, see :func:`~vitexport.passes._probe.probe_inputs`).
 
     Returns:
-        (sites in module order, notes for the report: modules that look like attention but could not
-        be analysed, and why; the model's output on the probe inputs).
+        (sites in module order, notes for the report: modules that look like attention but hold
+        none the run could see, and why; the model's output on the probe inputs).
     """
     matched: dict[str, tuple[nn.Module, AttentionAdapter]] = {}
-    candidates: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
-        if any(name.startswith(p + ".") for p in matched):
+        if _inside(name, matched):
             continue  # inside an attention an adapter owns
         adapter = adapter_for(module)
         if adapter is not None:
             matched[name] = (module, adapter)
-        elif _is_candidate(module):
-            candidates[name] = module
-    watch = {n: m for n, (m, _) in matched.items()}
-    watch.update(candidates)
-    calls, output = record_calls(model, probe_inputs(example_inputs), watch)
+    obs = observe(model, probe_inputs(example_inputs), watch=set(matched))
     sites: dict[str, AttentionSite] = {}
-    notes: list[str] = []
     for name, (module, adapter) in matched.items():
         masks = []
-        for args, kwargs in calls.get(name, []):
-            mask = adapter.mask_of(module, args, kwargs)
+        for call in obs.calls_of(name)[:2]:
+            mask = adapter.mask_of(module, call.args, call.kwargs)
             if isinstance(mask, torch.Tensor):
                 masks.append(mask)
         sites[name] = AttentionSite(name, module, adapter, masks)
-    for name, module in candidates.items():
-        if any(name.startswith(p + ".") for p in sites):
+    grouped: dict[str, tuple[Any, list]] = {}
+    for p in find_patterns(obs):
+        call = obs.calls[p.site]
+        if _inside(call.name, matched):
             continue
-        if name not in calls:
-            if _looks_like_attention(name, module):
-                notes.append(f"{name or '<model>'}: not called on the example inputs, not analysed")
-            continue
-        args, kwargs = calls[name][0]
-        try:
-            traced = analyse_module(module, args, kwargs)
-        except TraceFailure as exc:
-            if _looks_like_attention(name, module):
-                notes.append(f"{name or '<model>'} ({type(module).__name__}): {exc}; register an attention adapter for it")
-            continue
-        if traced is not None:
-            sites[name] = AttentionSite(name, module, traced)
+        first, patterns = grouped.setdefault(call.name, (obs.calls_of(call.name)[0], []))
+        if first is call:  # later calls of the same module run under the first call's rewrite
+            patterns.append(p)
+    for name, (call, patterns) in grouped.items():
+        sites[name] = AttentionSite(name, call.module, ObservedAttention(name, call.module, call, patterns, obs))
+    notes = []
+    called = {c.name for c in obs.calls.values()}
+    for name, module in model.named_modules():
+        if _looks_like_attention(name, module) and not _inside(name, sites) and not any(s.startswith(name + ".") for s in sites):
+            why = "no softmax attention seen in its forward" if name in called else "not called on the example inputs"
+            notes.append(f"{name or '<model>'} ({type(module).__name__}): {why}")
     order = {n: i for i, (n, _) in enumerate(model.named_modules())}
-    return sorted(sites.values(), key=lambda s: order[s.name]), notes, output
+    return sorted(sites.values(), key=lambda s: order[s.name]), notes, obs.output
