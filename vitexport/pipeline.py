@@ -127,9 +127,8 @@ def run_pipeline(
         data_note: said in the report (e.g. "synthetic inputs: no data given").
         layers: add per-layer localisation to the quantized stage.
         resume: reuse finished stages whose content keys match.
-        keep_source: False hands the model over: the passes rewrite ``model.module`` in place and
-            it is released (``model.module`` becomes None) after the export, so the ONNX stages run
-            without a torch copy of the weights (ViT-B/16: 2 × 344 MB less). ``layers`` needs it kept.
+        keep_source: False hands the model over: the passes rewrite ``model.module`` in place and it is
+            released (None) after the export, so the ONNX stages run without a torch copy of the weights.
         log: receives one line per stage.
         stages: default :func:`vitexport.stages.pipeline_stages` (the core ones, the target's).
     Returns:
