@@ -185,6 +185,18 @@ def _failures(records: dict) -> list[str]:
     return out
 
 
+def _loads(records: dict, plan: CasePlan) -> list[str]:
+    """The 1-minute load average around each case's quantizer runs (recorded since the load was)."""
+    out = []
+    for case in plan.cases:
+        vals = [x for rid, rec in records.items() if isinstance(rec, dict) and rid.split("|")[1:2] == [case]
+                and rid.split("|")[0] in TOOL_TITLES for x in (rec.get("load_before", [None])[0], rec.get("load_after", [None])[0])
+                if x is not None]
+        if vals:
+            out.append(f"- {case}: 1-minute load average {min(vals):.1f}–{max(vals):.1f} around its quantizer runs (2 cores)")
+    return out
+
+
 def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> str:
     """The whole report of a peers-plan run."""
     r = _R(records)
@@ -234,7 +246,9 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
     lines += ["", "## Failures", "", *(fails or ["none"]), "", "## Machine", ""]
     lb, la = info.get("load_before"), info.get("load_after")
     fmt = lambda t: " ".join(f"{x:.2f}" for x in t) if t else "–"  # noqa: E731
+    loads = _loads(records, plan)
     lines += [
+        *loads,
         f"- CPU: {info.get('cpu')} ({info.get('logical_cpus')} logical CPUs; {info.get('cpu_flags')}), {info.get('memory_gb')} GB RAM; "
         f"memory cap per measurement {cap_gb:.1f} GB",
         f"- load average before / after: {fmt(lb)} / {fmt(la)} (a machine shared by several engineers)",

@@ -73,15 +73,17 @@ class Bench:
         t = time.strftime("%H:%M:%S")
         self.log(f"[{t}] {rid} ...")
         log_path = self.work / "logs" / (rid.replace("|", "_") + ".log")
+        load = os.getloadavg()  # a shared machine: what else ran shows in the timings
         res: ChildResult = run_child(task, args, cap_bytes=self.cap, timeout_s=self.plan.timeout_s, log_path=log_path,
                                      python=python, module=module)
         rec = res.to_dict()
+        rec["started"], rec["load_before"], rec["load_after"] = t, list(load), list(os.getloadavg())
         rec["args"] = args
         rec["log"] = str(log_path.relative_to(REPO)) if log_path.is_relative_to(REPO) else str(log_path)
         self.records[rid] = rec
         self._save()
         status = "ok" if res.ok else f"FAILED: {res.error}"
-        self.log(f"    {res.wall_s:.1f} s, peak {res.peak_bytes / GB:.2f} GB, {status}")
+        self.log(f"    {res.wall_s:.1f} s, peak {res.peak_bytes / GB:.2f} GB, load {load[0]:.1f} → {os.getloadavg()[0]:.1f}, {status}")
         return rec
 
     # --- steps -----------------------------------------------------------------------------------
