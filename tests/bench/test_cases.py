@@ -279,3 +279,23 @@ def test_full_plan_gives_every_tool_the_same_samples():
     plan = cases_plan()
     assert plan.paths[0] == "vx" and {"nncf", "mo_fp16", "mo_fp32", "plain"} <= set(plan.paths)
     assert plan.max_calib("vit_base_outlier") >= 256 and plan.num_samples == 128
+
+
+def test_score_cli_scores_any_onnx_against_a_case(tmp_path, capsys):
+    """``python -m bench.score CASE MODEL.onnx``: the lead's way to try an INT8 file by hand."""
+    from bench.score import main
+    from vitexport.demo import DEMO_WEIGHTS
+    from vitexport.demo.model import build_demo_vit
+    from vitexport.sources import load_weights
+
+    prepare_case(CASES["demo"], tmp_path / "demo", max_calib=200)
+    m = build_demo_vit()
+    load_weights(m, DEMO_WEIGHTS)
+    x = torch.from_numpy(np.load(tmp_path / "demo" / "score.npz")["x"][:1])
+    torch.onnx.export(m.eval(), (x,), str(tmp_path / "m.onnx"), input_names=["x"], output_names=["output"],
+                      opset_version=17, dynamo=False)
+    assert main(["demo", str(tmp_path / "m.onnx"), "--work", str(tmp_path)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["cosine_min"] > 0.9999 and res["accuracy"] == res["fp32_accuracy"] and res["qdq_as_float"]
+    with pytest.raises(SystemExit):
+        main(["nope", str(tmp_path / "m.onnx"), "--work", str(tmp_path)])
