@@ -7,6 +7,8 @@ says why (``error: …``, ``exceeded N GB``, ``not run: …``).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .cases import CASES
 from .plan import CasePlan
 from .proc import GB, REPO
@@ -63,8 +65,11 @@ def _gate(rec: dict | None) -> str:
     return _fail(rec) or "–"
 
 
-def tool_row(r: _R, path: str, case: str, n: int) -> str:
-    """One table row: the tool's figures on one case, or why there are none."""
+def tool_row(r: _R, path: str, case: str, n: int, speed_of_file: bool = True) -> str:
+    """One table row: the tool's figures on one case, or why there are none.
+
+    ``speed_of_file``: the latency run timed this cell's file (the headline's; an extra cell's is not timed).
+    """
     rec = r.rec(path, case, n)
     f = _fail(rec)
     title = TOOL_TITLES[path]
@@ -78,10 +83,12 @@ def tool_row(r: _R, path: str, case: str, n: int) -> str:
     if path == "vx":
         st = (rec.get("data") or {}).get("stage_peak_bytes", {}).get("quantize_int8")
         mem += f" (quantize stage {_gb(st)})" if st else ""
-    sp, why = r.speed(path, case)
+    sp, why = r.speed(path, case) if speed_of_file else (None, "not timed")
     speed = why or _x(sp)
     gate = _gate(rec) if path == "vx" else "–"
-    return f"| {title} | {cos} | {top1} | {acc} | {_s(r.quantize_s(path, case, n))} | {mem} | {speed} | {gate} |"
+    load = rec.get("load_before") or [None]
+    qt = _s(r.quantize_s(path, case, n)) + (f" (load {load[0]:.1f})" if load[0] is not None else "")
+    return f"| {title} | {cos} | {top1} | {acc} | {qt} | {mem} | {speed} | {gate} |"
 
 
 def _case_table(r: _R, plan: CasePlan, case: str) -> list[str]:
@@ -96,10 +103,28 @@ def _case_table(r: _R, plan: CasePlan, case: str) -> list[str]:
     head.append(f"{d.get('n_calib')} calibration samples made, {n} given to every tool; vitexport's gate on "
                 f"{d.get('n_parity')} parity samples; scored on {d.get('n_score')} held-out samples"
                 + (f"; FP32 accuracy {_pct(fp32_acc)}" if fp32_acc is not None else "")
-                + (f"; the FP32 ONNX itself scores cosine min {_f4(fq.get('cosine_min'))} vs torch" if fq else "") + ".")
+                + (f"; the FP32 ONNX itself scores cosine min {_f4(fq.get('cosine_min'))} vs torch" if fq else "")
+                + _margin(d) + ".")
     head += ["", "| tool | cosine mean / min | top-1 agreement | accuracy | quantize time | peak memory (whole process) | INT8 ÷ FP32 speed | `vitexport export` |",
              "|---|---|---|---|---|---|---|---|"]
     return head + [tool_row(r, p, case, n) for p in plan.paths] + [""]
+
+
+def _margin(prep: dict) -> str:
+    """How decisive the FP32 top-1 is: a random-weight model's tiny margins make top-1 agreement harsh."""
+    import numpy as np
+
+    ref = Path(prep.get("reference", ""))
+    if not ref.is_file():
+        return ""
+    with np.load(ref) as z:
+        logits = z["out"] if "head_w" not in z.files else z["out"] @ z["head_w"].T + z["head_b"]
+    if logits.ndim != 2 or logits.shape[1] < 2:
+        return ""
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    margin = np.median((top2[:, 1] - top2[:, 0]) / (logits.std(axis=1) + 1e-12))
+    return f"; median FP32 top-1 margin {margin:.2f} logit standard deviations (small: top-1 agreement is a harsh test)" \
+        if margin < 1.0 else f"; median FP32 top-1 margin {margin:.1f} logit standard deviations"
 
 
 def _verdict(ok: bool | None) -> str:
@@ -126,8 +151,9 @@ def _checks(r: _R, plan: CasePlan) -> list[str]:
             continue
         drop = 100 * (q["fp32_accuracy"] - q["accuracy"])
         ok = q["top1_agreement"] >= 0.995 and drop <= 0.3 + 1e-9
+        change = f"{drop:.2f} points lost" if drop > 0 else f"{-drop:.2f} points gained"
         out.append(f"| {case}: top-1 agreement ≥ 99.5 %, accuracy drop ≤ 0.3 points | {_pct(q['top1_agreement'])}, "
-                   f"{_pct(q['accuracy'])} vs FP32 {_pct(q['fp32_accuracy'])} ({drop:+.2f} points lost) | {_verdict(ok)} |")
+                   f"{_pct(q['accuracy'])} vs FP32 {_pct(q['fp32_accuracy'])} ({change}) | {_verdict(ok)} |")
     for case, cells in plan.extra.items():
         if case not in plan.cases:
             continue
@@ -152,7 +178,7 @@ def _extra_table(r: _R, plan: CasePlan) -> list[str]:
         if case not in plan.cases:
             continue
         for path, m in cells:
-            rows.append(tool_row(r, path, case, m).replace(f"| {TOOL_TITLES[path]} |", f"| {case} | {m} | {TOOL_TITLES[path]} |", 1))
+            rows.append(tool_row(r, path, case, m, speed_of_file=m == plan.num_samples).replace(f"| {TOOL_TITLES[path]} |", f"| {case} | {m} | {TOOL_TITLES[path]} |", 1))
     if not rows:
         return []
     return ["## Larger calibration sets", "",
@@ -224,11 +250,13 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
         "",
         "cosine: per held-out sample, of the INT8 output vs the torch FP32 output (logits; the text encoder: its "
         "pooled embedding). top-1 agreement / accuracy: of the logits (the text encoder: through its trained topic "
-        "head, applied outside the ONNX). quantize time: vitexport's `quantize_int8` stage (calibration, Q/DQ, "
+        "head, applied outside the ONNX). quantize time (the 1-minute load average when the run started, on 2 cores): vitexport's `quantize_int8` stage (calibration, Q/DQ, "
         "fallback search, its INT8 parity check); NNCF's `nncf.quantize`; ModelOpt's command line `main()`; plain "
         "`quantize_static`. peak memory: `VmHWM` of the process — vitexport's process also loaded torch and "
         "exported the model, the peers' and plain processes only quantized an ONNX file. speed: ONNX Runtime CPU, "
-        "2 threads, batch 1, FP32 median ÷ INT8 median (integer kernels, not Q/DQ as float). `vitexport export`: "
+        "2 threads, batch 1, FP32 median ÷ INT8 median (integer kernels, not Q/DQ as float; on a CPU without "
+        "VNNI/AMX — see Machine — ONNX Runtime's int8 kernels are often slower than FP32, and ModelOpt's default "
+        "FP16 islands run as FP16 kernels or casts on CPU: the speed column says little about TensorRT on Orin). `vitexport export`: "
         "the exit code the command line would give (1: its INT8 parity gate failed; the INT8 file is scored anyway).",
         "",
     ]
