@@ -112,8 +112,14 @@ class CaseBench(Bench):
             return self._skip(rid, f"peers venv missing ({shown}): run `make bench-peers`")
         task, extra = PEER_TASKS[path]
         args = {"fp32": fp32[0], "fp32_digest": fp32[1], "calib": calib[0], "calib_digest": calib[1],
-                "out": str(out / "model.int8.onnx"), **extra}
+                "out": str(out / "model.int8.onnx"), "env": self.peers_env(), **extra}
         return self.measure(rid, task, args, python=str(self.peers_python), module="bench.peers", keep_failed=True)
+
+    def peers_env(self) -> str:
+        """Which install of the peers' venv ran a record: a failure recorded before a (re)install of
+        ``make bench-peers`` must not stand after it. The stamp is the Makefile's ``.installed``."""
+        stamp = self.peers_python.parent.parent / ".installed"
+        return f"installed {stamp.stat().st_mtime_ns}" if stamp.is_file() else "no successful install"
 
     def score(self, rid: str, prep: dict, onnx: str | None) -> None:
         if onnx and Path(onnx).is_file():

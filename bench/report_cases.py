@@ -282,6 +282,9 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
         f"- load average before / after: {fmt(lb)} / {fmt(la)} (a machine shared by several engineers)",
         f"- Python {info.get('python')}; " + ", ".join(f"{k} {x}" for k, x in v.items()),
         f"- commit {info.get('commit')}; the run took {info.get('bench_seconds', 0) / 60:.0f} min",
+        *([f"- since then a partial re-run (`--models` / `--paths`) on {lp.get('date')}, commit {lp.get('commit')}, "
+           f"{lp.get('bench_seconds', 0) / 60:.0f} min, load {fmt(lp.get('load_before'))} → {fmt(lp.get('load_after'))}"]
+          if (lp := info.get("last_partial")) else []),
         "",
     ]
     return "\n".join(lines)

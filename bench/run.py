@@ -246,10 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     peers = a.plan == "peers"
-    if peers:
-        plan = _select(cases_quick_plan() if a.quick else cases_plan(), a.models, CASES, ap)
-    else:
-        plan = _select(quick_plan() if a.quick else full_plan(complete_grid=a.complete_grid), a.models, MODELS, ap)
+    # --models cuts what is measured now; the report still shows every model of the plan (from the
+    # records), so iterating on two cases does not shrink bench/results.md to those two.
+    whole = (cases_quick_plan() if a.quick else cases_plan()) if peers else (
+        quick_plan() if a.quick else full_plan(complete_grid=a.complete_grid))
+    plan = _select(whole, a.models, CASES if peers else MODELS, ap)
     if a.timeout_s:
         plan = type(plan)(**{**plan.__dict__, "timeout_s": a.timeout_s})
     paths = None
@@ -281,8 +282,14 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_case(model) if peers else bench.run_model(model)
         info["bench_seconds"] = time.perf_counter() - t0
         info["load_after"] = os.getloadavg()
+        info["partial"] = plan.models != whole.models or paths is not None
         meta = bench.records.setdefault("_meta", {"ok": True})
-        meta.update(info, cap_gb=cap_gb)
+        if info["partial"] and "date" in meta:
+            # a partial re-run (some models or tools) keeps the full run's facts and adds its own
+            meta["last_partial"] = {k: info[k] for k in ("date", "commit", "bench_seconds", "load_before", "load_after")}
+            info = {k: v for k, v in meta.items() if k not in ("ok", "cap_gb")}
+        else:
+            meta.update(info, cap_gb=cap_gb)
         bench._save()
     else:
         info.update({k: v for k, v in bench.records.get("_meta", {}).items() if k != "ok"})
@@ -293,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if peers:
         from .report_cases import render_cases
 
-        out.write_text(render_cases(plan, bench.records, info, cap_gb))
+        out.write_text(render_cases(whole, bench.records, info, cap_gb))
     else:
-        out.write_text(render(plan, bench.records, info, cap_gb))
+        out.write_text(render(whole, bench.records, info, cap_gb))
     print(f"wrote {out}")
     return 0
 

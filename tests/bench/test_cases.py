@@ -299,3 +299,32 @@ def test_score_cli_scores_any_onnx_against_a_case(tmp_path, capsys):
     assert res["cosine_min"] > 0.9999 and res["accuracy"] == res["fp32_accuracy"] and res["qdq_as_float"]
     with pytest.raises(SystemExit):
         main(["nope", str(tmp_path / "m.onnx"), "--work", str(tmp_path)])
+
+
+def test_vitexport_records_are_keyed_by_its_code(tmp_path, monkeypatch):
+    """Editing the quantizer changes vitexport's record key (re-measured); peers' keys do not move."""
+    import bench.casebench as cb
+
+    pkg = tmp_path / "vitexport"
+    (pkg / "quantize").mkdir(parents=True)
+    (pkg / "quantize" / "int8.py").write_text("A = 1\n")
+    monkeypatch.setattr(cb, "REPO", tmp_path)
+    before = cb.code_digest(pkg)
+    (pkg / "quantize" / "int8.py").write_text("A = 2\n")
+    assert cb.code_digest(pkg) != before
+    (pkg / "quantize" / "__pycache__").mkdir()
+    (pkg / "quantize" / "__pycache__" / "x.py").write_text("junk")
+    after = cb.code_digest(pkg)
+    (pkg / "notes.txt").write_text("not code")
+    assert cb.code_digest(pkg) == after
+
+
+def test_peer_records_are_keyed_by_the_peers_install(tmp_path):
+    """A peer that failed before ``make bench-peers`` succeeded is measured again after it."""
+    venv = tmp_path / ".peers-venv"
+    (venv / "bin").mkdir(parents=True)
+    bench = CaseBench(CasePlan(name="t", cases=("demo",)), tmp_path, cap_gb=4.0, resume=False, log=lambda s: None,
+                      peers_python=venv / "bin" / "python")
+    before = bench.peers_env()
+    (venv / ".installed").touch()
+    assert bench.peers_env() != before and bench.peers_env().startswith("installed")
