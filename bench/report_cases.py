@@ -151,7 +151,8 @@ def _checks(r: _R, plan: CasePlan) -> list[str]:
             continue
         drop = 100 * (q["fp32_accuracy"] - q["accuracy"])
         ok = q["top1_agreement"] >= 0.995 and drop <= 0.3 + 1e-9
-        change = f"{drop:.2f} points lost" if drop > 0 else f"{-drop:.2f} points gained"
+        change = (f"{drop:.2f} points lost" if drop > 1e-9 else f"{-drop:.2f} points gained" if drop < -1e-9
+                  else "no accuracy change")
         out.append(f"| {case}: top-1 agreement ≥ 99.5 %, accuracy drop ≤ 0.3 points | {_pct(q['top1_agreement'])}, "
                    f"{_pct(q['accuracy'])} vs FP32 {_pct(q['fp32_accuracy'])} ({change}) | {_verdict(ok)} |")
     for case, cells in plan.extra.items():
