@@ -19,7 +19,7 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup export test parity demo-model bench bench-quick bench-peers bench-legacy clean
+.PHONY: setup export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
 
 setup:  ## create .venv and install vitexport with its dev tools (package registries only)
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_D
 
 test:  ## the test suite (CPU only; TensorRT tests skip without TensorRT and a GPU)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast:  ## the fast lane: every test not marked slow (about two minutes on 2 cores)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 parity:  ## regenerate the demo's committed report in parity/demo
 	$(BIN)/vitexport export --target orin --out parity/demo --no-resume

@@ -120,6 +120,7 @@ def test_primary_output_shapes():
         primary_output({"a": 1})
 
 
+@pytest.mark.slow
 def test_tensorrt_is_imported_lazily():
     """Neither TensorRT nor matplotlib (report plots) is imported with the package, and importing
     configures no logging."""

@@ -51,6 +51,7 @@ def _run(path, feeds):
     return np.concatenate([s.run(None, f)[0] for f in feeds])
 
 
+@pytest.mark.slow
 def test_orin_int8_is_fp16_with_types_kept_at_the_boundary(vit17, tmp_path):
     out = tmp_path / "m.onnx"
     rep = quantize_int8(vit17.path, out, vit17.calib, recipe("orin", NO_FALLBACK), tmp_path)
@@ -112,6 +113,7 @@ def test_mask_fill_becomes_float16s_minimum_and_softmax_stays_fp16():
     np.testing.assert_allclose(y, [[0.5, 0.5, 0, 0], [0.25] * 4], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_precision_summary_counts_int8_macs_and_fp16_bytes(vit17, tmp_path):
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
                         recipe("orin", NO_FALLBACK, "quantization.quantize_attention_matmuls=false"), tmp_path)
