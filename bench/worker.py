@@ -181,6 +181,36 @@ def task_plain(a: dict) -> dict:
     return {"export_s": export_s, "quantize_s": quantize_s, "files": {"model.fp32.onnx": str(fp32), "model.int8.onnx": str(int8)}}
 
 
+def task_ablation(a: dict) -> dict:
+    """``quantize_int8`` on a case's FP32 file with recipe overrides, scored on the held-out split
+    (:mod:`bench.ablation`). The calibration samples are drawn as ``vitexport export`` draws them."""
+    import onnx
+
+    from bench.score import score_onnx
+    from vitexport.calibration import load_samples
+    from vitexport.quantize import quantize_int8
+    from vitexport.recipe import load_recipe
+
+    recipe = load_recipe("orin", a["overrides"])
+    m = onnx.load(a["fp32"], load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    example = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim],
+                                onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+               for i in m.graph.input if i.name not in inits}
+    cal = recipe.calibration
+    calib = load_samples(a["calib"], example, num_samples=cal.num_samples, seed=cal.seed)
+    out = Path(a["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rep = quantize_int8(Path(a["fp32"]), out / "model.int8.onnx", calib, recipe, out)
+    seconds = time.perf_counter() - t0
+    res = score_onnx(out / "model.int8.onnx", a["score"], a["reference"], qdq_as_float=True)
+    table = json.loads((out / "calibration.json").read_text())
+    res.update(quantize_s=seconds, float_nodes=len(rep.float_fallback), smoothed=rep.equalized,
+               fp32_islands=len(rep.precision.get("fp32_islands", {})), error_split=table.get("choices", {}).get("error"))
+    return res
+
+
 def task_quality(a: dict) -> dict:
     """One ONNX file's outputs vs the torch FP32 model's on the held-out inputs (:func:`bench.score.score_onnx`).
 
@@ -263,7 +293,7 @@ def task_alloc(a: dict) -> dict:
     return {"mb": int(block.nbytes // 2**20)}
 
 
-TASKS = {"alloc": task_alloc, "prepare": task_prepare, "prepare_case": task_prepare_case, "calib_subset": task_calib_subset, "vitexport": task_vitexport, "plain": task_plain, "quality": task_quality, "latency": task_latency}
+TASKS = {"ablation": task_ablation, "alloc": task_alloc, "prepare": task_prepare, "prepare_case": task_prepare_case, "calib_subset": task_calib_subset, "vitexport": task_vitexport, "plain": task_plain, "quality": task_quality, "latency": task_latency}
 
 
 def main(argv: list[str] | None = None) -> int:

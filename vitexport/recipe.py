@@ -296,6 +296,9 @@ class QuantizationSpec(_Spec):
     asymmetric_activations: bool = False
     per_channel_weights: bool = True
     quantize_attention_matmuls: bool = True
+    quantize_attention_pv: bool = Field(
+        default=True, description="attn·V in INT8 too (the Softmax output and V quantized; TensorRT's fused INT8 "
+                                  "attention needs it); false: only Q·Kᵀ is INT8, attn·V runs in the float type")
     fallback: FallbackSpec = FallbackSpec()
     measure_latency: bool = Field(
         default=True, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio"

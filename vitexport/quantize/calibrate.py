@@ -30,7 +30,7 @@ from ..errors import BadInput
 from ..graph.query import attr
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
-from .search import QuantArith, bias_shift, search_alpha, search_range
+from .search import QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .spec import NodeKind, NodeSpec, QuantPlan
 from .targets import QuantTarget, attention_role
@@ -69,7 +69,7 @@ def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[st
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows,
-        "quantize_attention_matmuls": q.quantize_attention_matmuls,
+        "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
 
 
@@ -207,14 +207,22 @@ def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Samp
     res.table.choices["range"] = chosen
 
 
-def _bias(target: QuantTarget, rows: dict, res: CalibrationResult) -> None:
-    arith = arith_of(target)
+def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool) -> None:
+    """Bias corrections (when ``correct``), and where the Linears' INT8 error comes from (for the report)."""
+    arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
+    n = 0
     for t, (x, linears) in rows.items():
         rng = res.table.tensors.get(t)
         if rng is None:
             continue
         for node, w in linears:
-            res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith)]
+            if correct:
+                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith)]
+            for k, v in error_split(x, w, rng, arith).items():
+                split[k] += v
+            n += 1
+    if n:
+        res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
 
 
 def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
@@ -234,8 +242,7 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
         res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res)
-    if q.bias_correction:
-        _bias(target, rows, res)
+    _bias(target, rows, res, q.bias_correction)
     return res
 
 

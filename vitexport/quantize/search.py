@@ -23,7 +23,7 @@ import numpy as np
 from .convert import act_params, quantize_weight
 from .smooth import factors_from
 
-__all__ = ["QuantArith", "search_alpha", "search_range", "bias_shift", "ALPHAS"]
+__all__ = ["QuantArith", "search_alpha", "search_range", "bias_shift", "error_split", "ALPHAS"]
 
 #: smoothing strengths tried per site (None: no smoothing)
 ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -116,3 +116,11 @@ def bias_shift(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arit
     mean = err.mean(axis=0)
     se = err.std(axis=0, ddof=1) / np.sqrt(len(err)) if len(err) > 1 else np.full_like(mean, np.inf)
     return np.where(np.abs(mean) > z * se, mean, 0.0).astype(np.float32)
+
+
+def error_split(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith) -> dict[str, float]:
+    """A Linear's relative INT8 output error from its weights alone, its activations alone, and both:
+    where the error comes from (a weight-rounding optimiser can only reduce the first)."""
+    ref = x @ weight
+    xq, wq = arith.act(x, rng), arith.weight(weight)
+    return {"weights": _error(x, [wq], [ref]), "activations": _error(xq, [weight], [ref]), "both": _error(xq, [wq], [ref])}

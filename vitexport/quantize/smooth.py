@@ -48,6 +48,8 @@ class SmoothSite:
         scale_ref: (node name, input index) of γ; ``bias_ref`` the same for β (fold sites only).
         linears: (node name, weight initializer, input-channel axis) of every consumer.
         channels: the channel count.
+        uses: (node name, input index) of the tensor's readers the inserted Mul feeds (insert sites:
+            those leading to the Linears; other readers keep the tensor).
     """
 
     tensor: str
@@ -57,6 +59,7 @@ class SmoothSite:
     bias_ref: tuple[str, int] | None
     linears: tuple[tuple[str, str, int], ...]
     channels: int
+    uses: tuple[tuple[str, int], ...] = ()
 
 
 def _vec(value: ir.Value | None, channels: int) -> bool:
@@ -116,6 +119,23 @@ def _consumers(value: ir.Value, channels: int) -> list[tuple[ir.Node, int]] | No
     return out
 
 
+def _linear_uses(value: ir.Value, channels: int, planned: Mapping) -> tuple[list[tuple[str, int]], list[ir.Node]]:
+    """The direct uses of ``value`` that lead only to quantized Linears (through channel-preserving
+    reshapes), and those Linears. Other readers (a residual Add, say) are left out of both."""
+    uses, linears = [], []
+    for use in value.uses():
+        c, j = use.node, use.idx
+        if c.op_type in PASS_THROUGH_OPS and j == 0:
+            shp = static_shape(c.outputs[0])
+            reached = _consumers(c.outputs[0], channels) if shp and shp[-1] == channels else None
+        else:
+            reached = [(c, j)]
+        if reached and all(planned.get(n.name) is not None and k == 0 for n, k in reached):
+            uses.append((c.name, j))
+            linears.extend(n for n, _ in reached)
+    return uses, linears
+
+
 def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True) -> tuple[list[SmoothSite], dict[str, str]]:
     """Sites where smoothing applies, and why other quantized Linears' inputs are not sites.
 
@@ -149,25 +169,28 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True) -> tuple[l
 
 def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool) -> tuple[SmoothSite | None, str]:
     src = _affine_source(v, channels)
-    if src is None and not insert:
-        return None, "not after a LayerNorm, and inserting a Mul is off"
-    if src is None and (v.producer() is None or v.is_graph_input()):
-        return None, "a graph input"
     consumers = _consumers(v, channels)
-    if consumers is None:
-        return None, "reshaped across channels or a graph output"
-    linears = []
-    for c, j in consumers:
-        q = planned.get(c.name)
-        if q is None or j != 0:
-            return None, f"also feeds {c.op_type} '{c.name}' (input {j}), which cannot absorb the factor"
+    if src is not None and consumers is not None and all(planned.get(c.name) is not None and j == 0 for c, j in consumers):
+        name, scale_ref, bias_ref = src  # every reader is a Linear: fold into the affine terms
+        return SmoothSite(v.name, name, SiteKind.fold, scale_ref, bias_ref, _weights(c for c, _ in consumers), channels), ""
+    if not insert:
+        return None, "not a LayerNorm read only by Linears, and inserting a Mul is off"
+    if v.producer() is None or v.is_graph_input() or v.is_graph_output():
+        return None, "a graph input or output"
+    uses, linears = _linear_uses(v, channels, planned)
+    if not linears:
+        return None, "no quantized Linear reads it through channel-preserving reshapes"
+    # a Mul on the Linears' branch only: a residual Add (post-LN BERT) keeps reading the tensor itself
+    return SmoothSite(v.name, v.name, SiteKind.insert, None, None, _weights(linears), channels, tuple(uses)), ""
+
+
+def _weights(linears) -> tuple[tuple[str, str, int], ...]:
+    out = []
+    for c in linears:
         w = c.inputs[1]
         in_axis = (1 if attr(c, "transB", 0) else 0) if c.op_type == "Gemm" else len(w.const_value.shape) - 2
-        linears.append((c.name, w.name, in_axis))
-    if src is None:
-        return SmoothSite(v.name, v.name, SiteKind.insert, None, None, tuple(linears), channels), ""
-    name, scale_ref, bias_ref = src
-    return SmoothSite(v.name, name, SiteKind.fold, scale_ref, bias_ref, tuple(linears), channels), ""
+        out.append((c.name, w.name, in_axis))
+    return tuple(out)
 
 
 def weight_in_out(w: np.ndarray, in_axis: int) -> np.ndarray:
@@ -230,7 +253,7 @@ class SmoothPass(GraphPass):
                 if site.bias_ref is not None:
                     self._scale(model, nodes[site.bias_ref[0]], site.bias_ref[1], 1.0 / s, f"{site.name}_equalized_bias")
             else:
-                self._insert(model, values[site.tensor], 1.0 / s)
+                self._insert(model, values[site.tensor], 1.0 / s, [(nodes[n], j) for n, j in site.uses])
             for lin, w_name, in_axis in site.linears:
                 shape = [1] * len(model.graph.initializers[w_name].const_value.shape)
                 shape[in_axis] = -1
@@ -238,9 +261,8 @@ class SmoothPass(GraphPass):
             report.changed += 1
 
     @staticmethod
-    def _insert(model: ir.Model, x: ir.Value, inv_s: np.ndarray) -> None:
-        """``x`` → ``Mul(x, 1/s)`` for every reader of ``x`` (all of them are the site's Linears)."""
-        uses = list(x.uses())
+    def _insert(model: ir.Model, x: ir.Value, inv_s: np.ndarray, uses: list[tuple[ir.Node, int]]) -> None:
+        """``x`` → ``Mul(x, 1/s)`` for the readers on the Linears' branch (``uses``)."""
         const = ir.Value(name=f"{x.name}_smooth_scale", const_value=ir.tensor(inv_s.astype(np.float32), name=f"{x.name}_smooth_scale"),
                          shape=ir.Shape(inv_s.shape), type=ir.TensorType(ir.DataType.FLOAT))
         model.graph.register_initializer(const)
@@ -248,8 +270,8 @@ class SmoothPass(GraphPass):
         out = mul.outputs[0]
         out.name, out.shape, out.dtype = f"{x.name}_smoothed", x.shape, x.dtype
         model.graph.insert_after(x.producer(), [mul])
-        for use in uses:
-            use.node.replace_input_with(use.idx, out)
+        for node, j in uses:
+            node.replace_input_with(j, out)
 
     @staticmethod
     def _scale(model: ir.Model, node: ir.Node, idx: int, factor: np.ndarray, new_name: str) -> None:

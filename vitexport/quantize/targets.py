@@ -182,6 +182,8 @@ class QuantTarget:
         if role is None:
             return None, "activation x activation MatMul that is not attention (no Softmax next to it)"
         seq, head = a[-2], (a[-1] if role == "qk" else b[-1])
+        if role == "pv" and not self.spec.quantize_attention_pv:
+            return None, "attn·V kept in float (quantization.quantize_attention_pv is off)"
         ok, why = self.attention_ok(head, seq)
         if not ok:
             return None, why
