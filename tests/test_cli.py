@@ -83,6 +83,11 @@ def test_other_targets_export_the_demo(tmp_path, target):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / target / "parity.json").read_text())
     assert doc["passed"] and [s["stage"] for s in doc["stages"]][:6] == ORDER[:6]
+    from vitexport import api
+
+    for f in sorted((tmp_path / target).glob("*.onnx")):  # every file it wrote passes `vitexport check`
+        result = api.check(f, target)
+        assert result, result.lines()
 
 
 def test_rerender_parity_report(demo_run, tmp_path):

@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from ..graph.query import attr, const_array, is_const, opset_version, static_shape
 from ..recipe import QuantizationSpec, TargetKind
-from .contract import STANDARD_DOMAINS, all_nodes, float16_violations, op_hint
+from .contract import OP_HINTS, STANDARD_DOMAINS, all_nodes, float16_violations
 from .tensorrt_ops import tensorrt_parser
 from .violation import Violation, node_label
 
@@ -207,11 +207,12 @@ class OrinRules(TargetRules):
         if not parser.min_opset <= opset <= parser.max_opset:
             out.append(Violation("tensorrt.opset", f"opset {opset}", f"is outside the opsets {parser.version}'s ONNX "
                                  f"parser reads ({parser.min_opset}-{parser.max_opset})",
-                                 "export at an opset in that range (--set export.opset=17)"))
+                                 f"export at an opset in that range (--set export.opset={parser.max_opset})"))
         for n in all_nodes(model):
             if n.domain in STANDARD_DOMAINS and n.op_type not in parser.ops:
-                out.append(_v("tensorrt.ops", n, f"has no importer in {parser.version}'s ONNX parser",
-                              op_hint(n.op_type, "the model")))
+                hint = OP_HINTS.get(n.op_type) or (f"write {n.op_type} with operators {parser.version} parses in the "
+                                                   "model, or give TensorRT a plugin for it")
+                out.append(_v("tensorrt.ops", n, f"has no importer in {parser.version}'s ONNX parser", hint))
         return out
 
 
