@@ -146,3 +146,18 @@ def test_unreadable_file_is_bad_input(tmp_path):
         check_file(tmp_path / "junk.onnx", load_recipe("orin"))
     with pytest.raises(BadInput, match="no such ONNX file"):
         check_file(tmp_path / "absent.onnx", load_recipe("orin"))
+
+
+def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
+    """simplify_onnx refuses what ``vitexport check`` refuses (here an op TensorRT 10.3 cannot parse),
+    before writing anything."""
+    from vitexport.errors import ContractViolation
+    from vitexport.export import simplify_onnx
+
+    src = save(single_op("Det", opset=11, shape=(2, 3, 3)), tmp_path / "model.raw.onnx")
+    with pytest.raises(ContractViolation) as err:
+        simplify_onnx(src, tmp_path / "model.fp32.onnx", load_recipe("orin"))
+    assert str(err.value).startswith("model.fp32.onnx: node 'the_det' (Det) has no importer in TensorRT 10.3")
+    assert "[tensorrt.ops]" in str(err.value)
+    assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_recipe("orin")).violations]
+    assert not (tmp_path / "model.fp32.onnx").exists()
