@@ -19,7 +19,7 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup export test parity demo-model bench bench-quick clean
+.PHONY: setup export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
 
 setup:  ## create .venv and install vitexport with its dev tools (package registries only)
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_D
 test:  ## the test suite (CPU only; TensorRT tests skip without TensorRT and a GPU)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+test-fast:  ## the fast lane: every test not marked slow (about two minutes on 2 cores)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
 parity:  ## regenerate the demo's committed report in parity/demo
 	$(BIN)/vitexport export --target orin --out parity/demo --no-resume
 	rm -f parity/demo/*.onnx parity/demo/reference.npz parity/demo/.vitexport-state.json
@@ -40,11 +43,28 @@ parity:  ## regenerate the demo's committed report in parity/demo
 demo-model:  ## retrain the bundled demo ViT (deterministic) and rewrite its data splits
 	$(BIN)/python scripts/make_demo.py
 
-bench:  ## vitexport vs torch.onnx.export + quantize_static, same models and data -> bench/results.md
+PEERS_VENV := bench/.peers-venv
+
+# The peers (NNCF, NVIDIA ModelOpt) live in their own venv: ModelOpt pulls onnxruntime-gpu, which must
+# never enter the project's. Idempotent: rebuilt only when the requirement files change. A failed
+# install does not stop the bench: the peers' cells then say why (the log is bench/work/peers-install.log).
+$(PEERS_VENV)/.installed: bench/peers-requirements.txt bench/peers-constraints.txt
+	@mkdir -p bench/work
+	$(PYTHON) -m venv $(PEERS_VENV)
+	@if $(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers-requirements.txt \
+	    -c bench/peers-constraints.txt > bench/work/peers-install.log 2>&1; then touch $@; \
+	  else echo "peers install failed (bench/work/peers-install.log): their cells will say so"; fi
+
+bench-peers: $(PEERS_VENV)/.installed  ## the peers' venv for make bench (NNCF, ModelOpt)
+
+bench: bench-peers  ## issue 11: vitexport beside NNCF / ModelOpt / quantize_static on held-out data -> bench/results.md (~1 h)
 	$(BIN)/python -m bench.run
 
-bench-quick:  ## a small subset of the benchmark, a few minutes
+bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (peers measured when their venv exists)
 	$(BIN)/python -m bench.run --quick
+
+bench-legacy:  ## the earlier bench: vitexport vs torch.onnx.export + quantize_static, memory grid -> bench/results-legacy.md
+	$(BIN)/python -m bench.run --plan legacy
 
 clean:
 	rm -rf build bench/work .pytest_cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Plan", "GridCell", "quick_plan", "full_plan", "PLAIN_METHODS", "VX_METHODS"]
+__all__ = ["Plan", "GridCell", "quick_plan", "full_plan", "PLAIN_METHODS", "VX_METHODS", "CasePlan", "PATHS", "cases_plan", "cases_quick_plan"]
 
 # The methods each path offers. ONNX Runtime's quantize_static has no MSE calibrator.
 VX_METHODS = ("minmax", "percentile", "entropy", "mse")
@@ -106,3 +106,68 @@ def full_plan(complete_grid: bool = False) -> Plan:
         warmup=3,
         cpu_target=True,
     )
+
+
+# --- issue 11: vitexport beside its peers on the cases of bench.cases ---------------------------------
+
+#: Every tool of the peers plan, in table order: vitexport (orin defaults), NNCF, ModelOpt (default
+#: FP16 islands, and ``--high_precision_dtype fp32``), plain ``quantize_static`` (MinMax).
+PATHS = ("vx", "nncf", "mo_fp16", "mo_fp32", "plain")
+
+
+@dataclass(frozen=True)
+class CasePlan:
+    """A run of issue 11's side-by-side bench (:mod:`bench.casebench`).
+
+    Attributes:
+        name: ``peers`` | ``peers-quick`` (the records file and the report's title).
+        cases: case keys (:data:`bench.cases.CASES`), in order.
+        num_samples: calibration samples every tool gets in the headline.
+        paths: the tools measured (:data:`PATHS`).
+        extra: case → extra (path, samples) cells, measured for memory and quantize time (and scored).
+        sizes: case → ``parity`` / ``score`` sample counts where the data is synthetic (ViT-B).
+        latency_runs: case → timed runs; default ``default_runs``.
+        timeout_s: a measurement still running after this long is killed.
+        tiny: the training scripts' ``--tiny`` settings (tests only).
+    """
+
+    name: str
+    cases: tuple[str, ...]
+    num_samples: int = 128
+    paths: tuple[str, ...] = PATHS
+    extra: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+    latency_runs: dict[str, int] = field(default_factory=dict)
+    default_runs: int = 20
+    warmup: int = 3
+    timeout_s: float = 2400.0
+    tiny: bool = False
+
+    def max_calib(self, case: str) -> int:
+        return max([self.num_samples, *(n for _, n in self.extra.get(case, ()))])
+
+    def runs(self, case: str) -> int:
+        return self.latency_runs.get(case, self.default_runs)
+
+    @property
+    def models(self) -> tuple[str, ...]:  # the name bench.run's --models filter uses
+        return self.cases
+
+
+def cases_plan() -> CasePlan:
+    """``make bench``: every case, every tool, 128 calibration samples; ViT-B/16 at 256 for vitexport
+    and NNCF too (issue 11: whole process ≤ 2.5 GB, quantize stage no slower than NNCF's)."""
+    return CasePlan(
+        name="peers",
+        cases=("demo", "digits_vit", "text_encoder", "vit_base_outlier"),
+        extra={"vit_base_outlier": (("vx", 256), ("nncf", 256))},
+        sizes={"vit_base_outlier": {"parity": 32, "score": 64}},
+        latency_runs={"demo": 100, "digits_vit": 50, "text_encoder": 50, "vit_base_outlier": 10},
+    )
+
+
+def cases_quick_plan() -> CasePlan:
+    """``make bench-quick``: the demo and the text encoder, 32 samples, every tool (a few minutes once
+    the text encoder is trained and cached)."""
+    return CasePlan(name="peers-quick", cases=("demo", "text_encoder"), num_samples=32, default_runs=10,
+                    warmup=2, timeout_s=900.0)

@@ -82,6 +82,8 @@ def run_child(
     poll_s: float = 0.1,
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
+    python: str | None = None,
+    module: str = "bench.worker",
 ) -> ChildResult:
     """Run ``python -m bench.worker TASK`` with ``args`` (JSON) and collect its result.
 
@@ -93,6 +95,8 @@ def run_child(
         poll_s: the watchdog's sampling period.
         log_path: where the child's stdout/stderr go (kept for post-mortems); a temp file if None.
         env: extra environment variables.
+        python: the interpreter (default this one; the peers run in their own venv's).
+        module: the worker module (``bench.worker``, or ``bench.peers`` for the peers).
     Returns:
         A :class:`ChildResult`; never raises for a failing child.
     """
@@ -102,7 +106,7 @@ def run_child(
         args_json.write_text(json.dumps(args))
         log = Path(log_path) if log_path else Path(tmp) / "child.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "bench.worker", task, str(args_json), str(out_json)]
+        cmd = [python or sys.executable, "-m", module, task, str(args_json), str(out_json)]
         child_env = {**os.environ, **(env or {})}
         t0 = time.perf_counter()
         with open(log, "w") as logf:

@@ -1,4 +1,9 @@
-"""``python -m bench.run [--quick]``: measure vitexport and the plain path, write ``bench/results.md``.
+"""``python -m bench.run [--quick] [--plan peers|legacy]``: measure, write ``bench/results.md``.
+
+The default plan (``peers``, :mod:`bench.casebench`) is issue 11's: vitexport beside NNCF, ModelOpt
+and plain ``quantize_static`` on transformer cases with real outlier structure, scored on held-out
+data no tool saw. ``--plan legacy`` is the earlier vitexport-vs-plain bench on random-weight timm
+models (export time, calibration memory grid, latency), written to ``bench/results-legacy.md``.
 
 Every measurement is a child process (:func:`bench.proc.run_child`); its outcome is stored as a
 record in ``bench/work/records.json`` as soon as it exists, so an interrupted run loses one
@@ -53,22 +58,32 @@ class Bench:
         tmp.write_text(json.dumps(self.records, indent=1))
         os.replace(tmp, self.path)
 
-    def measure(self, rid: str, task: str, args: dict) -> dict:
-        """Run a task in a child unless ``rid`` has a good record of the same arguments; store and return it."""
+    def measure(self, rid: str, task: str, args: dict, *, python: str | None = None, module: str = "bench.worker",
+                keep_failed: bool = False) -> dict:
+        """Run a task in a child unless ``rid`` has a good record of the same arguments; store and return it.
+
+        ``keep_failed``: a failed record of the same arguments is a result too (a peer that cannot
+        quantize a model fails the same way next time), unless the memory cap or the clock killed it.
+        ``python`` / ``module``: another interpreter and worker (the peers' venv, ``bench.peers``).
+        """
         old = self.records.get(rid)
-        if old is not None and old.get("ok") and old.get("args") == args:
+        if old is not None and old.get("args") == args and (
+                old.get("ok") or (keep_failed and not old.get("exceeded_cap") and "timed out" not in (old.get("error") or ""))):
             return old
         t = time.strftime("%H:%M:%S")
         self.log(f"[{t}] {rid} ...")
         log_path = self.work / "logs" / (rid.replace("|", "_") + ".log")
-        res: ChildResult = run_child(task, args, cap_bytes=self.cap, timeout_s=self.plan.timeout_s, log_path=log_path)
+        load = os.getloadavg()  # a shared machine: what else ran shows in the timings
+        res: ChildResult = run_child(task, args, cap_bytes=self.cap, timeout_s=self.plan.timeout_s, log_path=log_path,
+                                     python=python, module=module)
         rec = res.to_dict()
+        rec["started"], rec["load_before"], rec["load_after"] = t, list(load), list(os.getloadavg())
         rec["args"] = args
         rec["log"] = str(log_path.relative_to(REPO)) if log_path.is_relative_to(REPO) else str(log_path)
         self.records[rid] = rec
         self._save()
         status = "ok" if res.ok else f"FAILED: {res.error}"
-        self.log(f"    {res.wall_s:.1f} s, peak {res.peak_bytes / GB:.2f} GB, {status}")
+        self.log(f"    {res.wall_s:.1f} s, peak {res.peak_bytes / GB:.2f} GB, load {load[0]:.1f} → {os.getloadavg()[0]:.1f}, {status}")
         return rec
 
     # --- steps -----------------------------------------------------------------------------------
@@ -192,14 +207,36 @@ def _link_tree(src: Path, dst: Path, names: tuple[str, ...]) -> None:
                 shutil.copy2(s, dst / name)
 
 
+def _select(plan, wanted: str | None, known: dict, ap: argparse.ArgumentParser):
+    """The plan cut to ``--models`` (plan order kept)."""
+    if not wanted:
+        return plan
+    names = [m.strip() for m in wanted.split(",") if m.strip()]
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {', '.join(known)}")
+    field = "cases" if hasattr(plan, "cases") else "models"
+    return type(plan)(**{**plan.__dict__, field: tuple(names)})
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: see ``--help``."""
+    """Command line: see ``--help`` and ``bench/README.md``."""
+    from .cases import CASES
+    from .plan import PATHS, cases_plan, cases_quick_plan
+
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="demo + ViT-Tiny + outlier ViT-Tiny, 32 samples, a few minutes")
-    ap.add_argument("--complete-grid", action="store_true", help="ViT-B/16 memory: every method at 32, 128 and 256 samples (hours)")
-    ap.add_argument("--models", help="comma-separated subset of the plan's models")
+    ap.add_argument("--plan", choices=("peers", "legacy"), default="peers",
+                    help="peers (default): issue 11's cases, vitexport beside NNCF / ModelOpt / quantize_static; "
+                         "legacy: vitexport vs torch.onnx.export + quantize_static on random-weight timm models")
+    ap.add_argument("--quick", action="store_true", help="a few minutes: peers: demo + text encoder at 32 samples; "
+                                                          "legacy: demo + ViT-Tiny (+ outliers), 32 samples")
+    ap.add_argument("--complete-grid", action="store_true", help="legacy: ViT-B/16 memory at every method × 32/128/256 (hours)")
+    ap.add_argument("--models", help="comma-separated subset of the plan's models / cases")
+    ap.add_argument("--paths", help=f"peers plan: measure only these tools now ({','.join(PATHS)}); the others' records stand")
+    ap.add_argument("--no-latency", action="store_true", help="peers plan: skip the latency run")
     ap.add_argument("--work", default=str(BENCH_DIR / "work"), help="scratch folder (git-ignored)")
-    ap.add_argument("--out", default=None, help="report path (default bench/results.md; --quick: bench/work/results-quick.md)")
+    ap.add_argument("--out", default=None, help="report path (default bench/results.md, legacy bench/results-legacy.md; "
+                                               "--quick: bench/work/results-*quick.md)")
     ap.add_argument("--mem-cap-gb", type=float, default=None, help="kill a measurement above this resident memory")
     ap.add_argument("--timeout-s", type=float, default=None, help="kill a measurement after this long (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="keep good records of an earlier run, re-measure the rest")
@@ -208,39 +245,64 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the running child (its own process group) is killed too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    plan = quick_plan() if a.quick else full_plan(complete_grid=a.complete_grid)
-    if a.models:
-        wanted = [m.strip() for m in a.models.split(",") if m.strip()]
-        unknown = [m for m in wanted if m not in MODELS]
-        if unknown:
-            ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
-        plan = Plan(**{**plan.__dict__, "models": tuple(wanted)})
+    peers = a.plan == "peers"
+    # --models cuts what is measured now; the report still shows every model of the plan (from the
+    # records), so iterating on two cases does not shrink bench/results.md to those two.
+    whole = (cases_quick_plan() if a.quick else cases_plan()) if peers else (
+        quick_plan() if a.quick else full_plan(complete_grid=a.complete_grid))
+    plan = _select(whole, a.models, CASES if peers else MODELS, ap)
     if a.timeout_s:
-        plan = Plan(**{**plan.__dict__, "timeout_s": a.timeout_s})
+        plan = type(plan)(**{**plan.__dict__, "timeout_s": a.timeout_s})
+    paths = None
+    if a.paths:
+        paths = tuple(p.strip() for p in a.paths.split(",") if p.strip())
+        bad = [p for p in paths if p not in PATHS]
+        if bad or not peers:
+            ap.error(f"--paths {a.paths}: the peers plan's tools are {', '.join(PATHS)}")
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     # The quick run must not overwrite the committed full report.
-    out = Path(a.out) if a.out else (work / "results-quick.md" if a.quick else BENCH_DIR / "results.md")
+    default_out = {(True, False): BENCH_DIR / "results.md", (True, True): work / "results-peers-quick.md",
+                   (False, False): BENCH_DIR / "results-legacy.md", (False, True): work / "results-quick.md"}[(peers, a.quick)]
+    out = Path(a.out) if a.out else default_out
     cap_gb = a.mem_cap_gb or _default_cap_gb()
-    bench = Bench(plan, work, cap_gb, resume=a.resume or a.render_only)
+    # --paths implies --resume: measuring some tools only makes sense beside the others' records.
+    resume = a.resume or a.render_only or paths is not None
+    if peers:
+        from .casebench import CaseBench
+
+        bench: Bench = CaseBench(plan, work, cap_gb, resume=resume, paths=paths, latency=not a.no_latency)
+    else:
+        bench = Bench(plan, work, cap_gb, resume=resume)
     info = machine_info()
     if not a.render_only:
         t0 = time.perf_counter()
         print(f"bench ({plan.name}): {', '.join(plan.models)}; memory cap {cap_gb:.1f} GB; records in {bench.path}")
         for model in plan.models:
-            bench.run_model(model)
+            bench.run_case(model) if peers else bench.run_model(model)
         info["bench_seconds"] = time.perf_counter() - t0
         info["load_after"] = os.getloadavg()
+        info["partial"] = plan.models != whole.models or paths is not None
         meta = bench.records.setdefault("_meta", {"ok": True})
-        meta.update(info, cap_gb=cap_gb)
+        if info["partial"] and "date" in meta:
+            # a partial re-run (some models or tools) keeps the full run's facts and adds its own
+            meta["last_partial"] = {k: info[k] for k in ("date", "commit", "bench_seconds", "load_before", "load_after")}
+            info = {k: v for k, v in meta.items() if k not in ("ok", "cap_gb")}
+        else:
+            meta.update(info, cap_gb=cap_gb)
         bench._save()
     else:
         info.update({k: v for k, v in bench.records.get("_meta", {}).items() if k != "ok"})
         # The cap the measurements ran under, not today's (a run still going has no _meta yet).
-        caps = [r.get("cap_bytes") for r in bench.records.values() if r.get("cap_bytes")]
+        caps = [r.get("cap_bytes") for r in bench.records.values() if isinstance(r, dict) and r.get("cap_bytes")]
         cap_gb = info.pop("cap_gb", None) or (round(max(caps) / GB, 1) if caps else cap_gb)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(plan, bench.records, info, cap_gb))
+    if peers:
+        from .report_cases import render_cases
+
+        out.write_text(render_cases(whole, bench.records, info, cap_gb))
+    else:
+        out.write_text(render(whole, bench.records, info, cap_gb))
     print(f"wrote {out}")
     return 0
 

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +67,22 @@ def task_prepare(a: dict) -> dict:
     return prepare_model(spec, Path(a["work"]), int(a["max_calib"]), seed=int(a.get("seed", 0)))
 
 
+def task_prepare_case(a: dict) -> dict:
+    """Train or build one issue-11 case and write its splits and reference (:func:`bench.cases.prepare_case`)."""
+    from bench.cases import CASES, prepare_case
+
+    return prepare_case(CASES[a["case"]], Path(a["work"]), int(a["max_calib"]), sizes=a.get("sizes"),
+                        seed=int(a.get("seed", 0)), tiny=bool(a.get("tiny", False)))
+
+
+def task_calib_subset(a: dict) -> dict:
+    """The calibration ``.npz`` every tool of one cell gets (:func:`bench.cases.write_calib_subset`)."""
+    from bench.cases import file_digest, write_calib_subset
+
+    out = write_calib_subset(Path(a["src"]), Path(a["out"]), int(a["num_samples"]))
+    return {"path": str(out), "digest": file_digest(out)}
+
+
 def task_vitexport(a: dict) -> dict:
     """``vitexport.api.export`` with a calibration method and sample count.
 
@@ -77,13 +92,15 @@ def task_vitexport(a: dict) -> dict:
     from vitexport import api
     from vitexport.errors import ParityFailure
 
-    overrides = [f"calibration.method={a['method']}", f"calibration.num_samples={a['num_samples']}", *a.get("overrides", [])]
+    # No method given: the recipe's own (the peers plan measures vitexport's defaults).
+    method = [f"calibration.method={a['method']}"] if a.get("method") else []
+    overrides = [*method, f"calibration.num_samples={a['num_samples']}", *a.get("overrides", [])]
     out = Path(a["out"])
     t0 = time.perf_counter()
     gate = None
     stage_seconds: dict[str, float] = {}
     try:
-        arts = api.export(a["uri"], a["target"], weights=a["weights"], calib=a["calib"], parity_data=a["heldout"],
+        arts = api.export(a["uri"], a["target"], weights=a["weights"], calib=a["calib"], parity_data=a.get("parity", a.get("heldout")),
                           out=out, overrides=overrides, resume=bool(a.get("resume", False)),
                           log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True))  # timed stage lines, in the child's log
         stage_seconds = dict(arts.stage_seconds)
@@ -108,14 +125,15 @@ def task_vitexport(a: dict) -> dict:
 class _NpzReader:
     """An ``onnxruntime.quantization.CalibrationDataReader`` over in-memory samples, one per call."""
 
-    def __init__(self, name: str, x: np.ndarray):
-        self.name, self.x, self.i = name, x, 0
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.arrays, self.i = arrays, 0
+        self.n = len(next(iter(arrays.values())))
 
     def get_next(self):
-        if self.i >= len(self.x):
+        if self.i >= self.n:
             return None
         self.i += 1
-        return {self.name: self.x[self.i - 1 : self.i]}
+        return {k: v[self.i - 1 : self.i] for k, v in self.arrays.items()}
 
     def rewind(self) -> None:
         self.i = 0
@@ -125,7 +143,8 @@ def task_plain(a: dict) -> dict:
     """The plain path: ``torch.onnx.export`` then ``quantize_static`` (QDQ, per-channel, int8).
 
     ``fp32`` given and present: the export is skipped (the calibration-memory grid re-quantizes one
-    export; the export is timed in the model's first plain run).
+    export; the export is timed in the model's first plain run; the peers plan quantizes vitexport's
+    ``model.fp32.onnx``). Calibration feeds are every array of the ``.npz`` but ``y``, by input name.
     """
     import torch
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -145,13 +164,15 @@ def task_plain(a: dict) -> dict:
         torch.onnx.export(model, (x,), str(fp32), opset_version=17, dynamo=False, input_names=["x"], output_names=["output"])
         export_s = time.perf_counter() - t0
         del model
-    calib = np.load(a["calib"])["x"]
-    x = calib[select_calibration(len(calib), int(a["num_samples"]))]
+    with np.load(a["calib"]) as z:
+        calib = {k: z[k] for k in z.files if k != "y"}
+    idx = select_calibration(len(next(iter(calib.values()))), int(a["num_samples"]))
+    feeds = {k: v[idx] for k, v in calib.items()}
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
               "entropy": CalibrationMethod.Entropy}[a["method"]]
     t0 = time.perf_counter()
     quantize_static(
-        str(fp32), str(int8), _NpzReader("x", x),
+        str(fp32), str(int8), _NpzReader(feeds),
         quant_format=QuantFormat.QDQ, per_channel=True,
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
         calibrate_method=method,
@@ -161,30 +182,16 @@ def task_plain(a: dict) -> dict:
 
 
 def task_quality(a: dict) -> dict:
-    """INT8 (or any ONNX) logits vs the torch FP32 model's on the held-out inputs.
+    """One ONNX file's outputs vs the torch FP32 model's on the held-out inputs (:func:`bench.score.score_onnx`).
 
-    The bench computes its own metrics (it does not ask vitexport's parity code to grade vitexport):
-    per-sample cosine of the logit vectors, top-1 agreement, and accuracy where labels exist.
+    The bench computes its own metrics (it does not ask vitexport's parity code to grade vitexport).
+    Args (JSON): ``onnx``, ``heldout`` (inputs), ``reference``, ``qdq_as_float`` (default False: the
+    legacy plan timed ORT's int8 kernels; the peers plan scores Q/DQ as float), ``kind``.
     """
-    import onnxruntime as ort
+    from bench.score import score_onnx
 
-    held = np.load(a["heldout"])
-    ref = np.load(a["reference"])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    sess = ort.InferenceSession(a["onnx"], opts, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    x = held["x"]
-    out = np.concatenate([sess.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
-    r = ref["logits"].astype(np.float64)
-    o = out.astype(np.float64).reshape(r.shape)
-    cos = (r * o).sum(1) / (np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1) + 1e-30)
-    res = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-           "top1_agreement": float((r.argmax(1) == o.argmax(1)).mean()), "n": int(len(x))}
-    if "y" in ref.files:
-        res["accuracy"] = float((o.argmax(1) == ref["y"]).mean())
-        res["fp32_accuracy"] = float((r.argmax(1) == ref["y"]).mean())
-    return res
+    return score_onnx(a["onnx"], a["heldout"], a["reference"], qdq_as_float=bool(a.get("qdq_as_float", False)),
+                      kind=a.get("kind", "classifier"))
 
 
 def task_latency(a: dict) -> dict:
@@ -197,29 +204,43 @@ def task_latency(a: dict) -> dict:
     each other from the last-level cache instead: measured here, ViT-B/16 INT8 85 ms alone, 130–150 ms
     interleaved with its 344 MB FP32 twin.
 
-    Args (JSON): ``models`` label → ONNX path, ``runs``, ``warmup``, ``threads``, ``block`` (default 5).
+    Args (JSON): ``models`` label → ONNX path, ``runs``, ``warmup``, ``threads``, ``block`` (default 5),
+        ``feeds`` (optional ``.npz``: its first row of each input; default: one random image).
     Returns:
-        label → ``median_ms``, ``p10_ms``, ``p90_ms``, ``runs``, ``bytes``.
+        label → ``median_ms``, ``p10_ms``, ``p90_ms``, ``runs``, ``bytes``; or ``error`` for a file
+        ONNX Runtime cannot load or run.
     """
     import onnxruntime as ort
 
-    sessions, feeds = {}, {}
+    sessions, feeds, failed = {}, {}, {}
     for label, path in a["models"].items():
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int(a.get("threads", 2))
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        try:
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - one file ORT cannot run (a kernel it lacks) is a cell, not the end
+            failed[label] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
+            continue
+        sessions[label] = sess
+        if a.get("feeds"):  # real inputs (token ids must be ids): row 0 of an .npz, by input name
+            with np.load(a["feeds"]) as z:
+                feeds[label] = {i.name: z[i.name][:1] for i in sess.get_inputs()}
+            continue
         inp = sess.get_inputs()[0]
         shape = [d if isinstance(d, int) else 1 for d in inp.shape]
-        sessions[label] = sess
         feeds[label] = {inp.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    for label, sess in sessions.items():
-        for _ in range(int(a.get("warmup", 3))):
-            sess.run(None, feeds[label])
+    for label, sess in list(sessions.items()):
+        try:
+            for _ in range(int(a.get("warmup", 3))):
+                sess.run(None, feeds[label])
+        except Exception as exc:  # noqa: BLE001
+            failed[label] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
+            del sessions[label]
     times: dict[str, list[float]] = {label: [] for label in sessions}
     runs, block = int(a["runs"]), max(1, int(a.get("block", 5)))
-    while min(len(ts) for ts in times.values()) < runs:
+    while times and min(len(ts) for ts in times.values()) < runs:
         for label, sess in sessions.items():
             sess.run(None, feeds[label])  # untimed: back in cache after the other models ran
             for _ in range(min(block, runs - len(times[label]))):
@@ -231,6 +252,7 @@ def task_latency(a: dict) -> dict:
         ms = np.array(ts) * 1e3
         out[label] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
                       "p90_ms": float(np.percentile(ms, 90)), "runs": len(ts), "bytes": Path(a["models"][label]).stat().st_size}
+    out.update(failed)
     return {"latency": out}
 
 
@@ -241,23 +263,14 @@ def task_alloc(a: dict) -> dict:
     return {"mb": int(block.nbytes // 2**20)}
 
 
-TASKS = {"alloc": task_alloc, "prepare": task_prepare, "vitexport": task_vitexport, "plain": task_plain, "quality": task_quality, "latency": task_latency}
+TASKS = {"alloc": task_alloc, "prepare": task_prepare, "prepare_case": task_prepare_case, "calib_subset": task_calib_subset, "vitexport": task_vitexport, "plain": task_plain, "quality": task_quality, "latency": task_latency}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one task; always write a result file (the error as one line if the task raised)."""
-    argv = sys.argv[1:] if argv is None else argv
-    task, args_path, out_path = argv
-    args = json.loads(Path(args_path).read_text())
-    try:
-        result = TASKS[task](args)
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a table cell, not a crash
-        traceback.print_exc()
-        msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-        result = {"error": msg[:300]}
-    result["peak_bytes"] = vm_hwm_bytes()
-    Path(out_path).write_text(json.dumps(result))
-    return 0 if "error" not in result else 1
+    from bench.peers import run_task
+
+    return run_task(TASKS, sys.argv[1:] if argv is None else argv, peak=vm_hwm_bytes)
 
 
 if __name__ == "__main__":

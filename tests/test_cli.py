@@ -11,6 +11,7 @@ REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "m
 ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
 
 
+@pytest.mark.slow
 def test_targets_lists_every_recipe():
     proc = run_cli("targets")
     assert proc.returncode == 0, proc.stderr
@@ -18,6 +19,7 @@ def test_targets_lists_every_recipe():
         assert name in proc.stdout
 
 
+@pytest.mark.slow
 def test_demo_export_passes_and_writes_every_file(demo_run):
     out, proc = demo_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,6 +70,7 @@ def test_no_temp_files_left(demo_run):
     assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".vitexport-state.json"]
 
 
+@pytest.mark.slow
 def test_parity_gate_failure_exits_1_naming_stage_and_metric(tmp_path):
     proc = run_cli("export", "--out", str(tmp_path / "o"), "--set", "parity.quantize_int8.cosine_min=0.99999999")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -77,6 +80,7 @@ def test_parity_gate_failure_exits_1_naming_stage_and_metric(tmp_path):
     assert doc["passed"] is False and doc["stages"][-1]["stage"] == "quantize_int8"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["npu", "cpu", "orin-jp5"])
 def test_other_targets_export_the_demo(tmp_path, target):
     proc = run_cli("export", "--target", target, "--out", str(tmp_path / target))
@@ -92,6 +96,7 @@ def test_other_targets_export_the_demo(tmp_path, target):
         assert result, result.lines()
 
 
+@pytest.mark.slow
 def test_rerender_parity_report(demo_run, tmp_path):
     import shutil
 

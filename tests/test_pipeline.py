@@ -43,6 +43,7 @@ def test_kept_source_is_untouched(tiny_vit_file, tmp_path):
     assert all(torch.equal(after[k], before[k]) for k in before)
 
 
+@pytest.mark.slow
 def test_consumed_source_gives_the_same_artifacts(tiny_vit_file, tmp_path):
     """Handing the model over (the CLI's way, to free its weights before ONNX work) changes no byte."""
     _, _, kept = _run(tiny_vit_file, tmp_path / "a")
@@ -52,6 +53,7 @@ def test_consumed_source_gives_the_same_artifacts(tiny_vit_file, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_int8_gate_runs_the_targets_arithmetic(tiny_vit_file, tmp_path):
     """orin's INT8 gate runs Q/DQ as float ops (what TensorRT computes); cpu's runs ONNX Runtime's kernels."""
     _run(tiny_vit_file, tmp_path / "orin")
@@ -74,6 +76,7 @@ def test_int8_gate_runs_the_targets_arithmetic(tiny_vit_file, tmp_path):
     assert not any("build_engine" in n for n in cpu["notes"]) and "build_engine" not in cpu["skipped"]
 
 
+@pytest.mark.slow
 def test_rerun_resumes_keyed_stages_and_reruns_what_changed(tiny_vit_file, tmp_path):
     """A finished run resumes every keyed stage to the same bytes; a damaged artifact reruns its
     stage only (the next stage's key still matches), and a changed setting reruns from its stage."""
@@ -141,6 +144,7 @@ def _readme(int8: Path, recipe: Recipe) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_path):
     """A contribution's files are written and recorded with quantize_int8; its stage runs after it,
     is gated with the recipe's tolerance for that stage and lands in the reports and the manifest."""

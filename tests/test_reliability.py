@@ -96,6 +96,7 @@ def _fifo_cases(tmp: Path) -> dict[str, list[str]]:
 FIFO_CASES = ["FIFO among calibration images", "FIFO as weights", "FIFO as calibration data", "FIFO as the model file"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SUBPROCESS_CASES + FIFO_CASES)
 def test_hostile_input_in_a_real_process(name, tmp_path):
     case = next((c for c in CASES if c.name == name), None)
@@ -115,6 +116,7 @@ def test_hostile_input_in_a_real_process(name, tmp_path):
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_trust_pickle_is_explicit(tmp_path):
     """With --trust-pickle a legacy checkpoint is read (and the user accepted that it runs code)."""
     from vitexport.demo import DEMO_MODEL_URI, DEMO_WEIGHTS
@@ -132,6 +134,7 @@ def _digests(folder: Path) -> dict[str, str]:
     return {n: sha256_file(folder / n) for n in ("model.fp32.onnx", "model.int8.onnx", "calibration.json")}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_bytes(tmp_path):
     slow = ["--set", "calibration.method=entropy", "--set", "calibration.num_samples=200"]
     straight = tmp_path / "straight"
@@ -156,6 +159,7 @@ def test_killed_run_resumes_to_identical_bytes(tmp_path):
     assert _digests(resumed) == _digests(straight)
 
 
+@pytest.mark.slow
 def test_full_disk_keeps_previous_artifacts(tmp_path):
     out = tmp_path / "o"
     assert run_cli("export", "--out", str(out)).returncode == 0
@@ -188,6 +192,7 @@ def test_a_constant_reference_marks_the_gate_vacuous(tmp_path, capsys):
     assert "WARNING: the parity gate is vacuous" in (out / "parity.md").read_text().splitlines()[2]
 
 
+@pytest.mark.slow
 def test_identical_commands_write_identical_bytes_without_weights(tmp_path, capsys):
     """The user's build is not seeded; vitexport builds it under a fixed seed, whatever the
     process did before (here: a whole other run in the same interpreter)."""

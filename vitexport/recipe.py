@@ -268,6 +268,13 @@ class FallbackSpec(_Spec):
 
 
 class QuantizationSpec(_Spec):
+    high_precision: Literal["fp16", "fp32"] | None = Field(
+        default=None,
+        description="type of the Q/DQ model's float parts (LayerNorm, Softmax, GELU, residual Adds): fp16 writes "
+                    "them in float16, FP32 islands kept where calibrated ranges pass float16's; default: fp16 for a "
+                    "strongly typed orin build, fp32 otherwise (npu runs no float16, TensorRT 8 picks per layer)")
+    fp16_samples: int = Field(
+        default=16, ge=1, description="calibration samples whose ranges decide the FP32 islands of an fp16 model")
     equalize: bool = Field(
         default=True, description="smooth outlier channels into the weights (SmoothQuant), folded into LayerNorms "
                                   "or as an inserted Mul")
@@ -330,6 +337,9 @@ class Recipe(_Spec):
             raise ValueError(
                 f"export.opset {self.export.opset} is above contract.max_opset {self.contract.max_opset}"
             )
+        if self.quantization.high_precision == "fp16" and (self.target is TargetKind.npu or self.contract.forbid_float16):
+            raise ValueError("quantization.high_precision: fp16 on a target that runs no float16 "
+                             "(npu, or contract.forbid_float16); use fp32")
         return self
 
     def tolerance(self, stage: StageName | str) -> Tolerance:

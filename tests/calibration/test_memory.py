@@ -27,6 +27,7 @@ def setup(tmp_path_factory):
     return model, imgs, d
 
 
+@pytest.mark.slow
 def test_peak_memory_flat_when_samples_grow_4x(setup):
     # entropy and mse share the percentile histogram observer, so one method measures them all
     model, imgs, d = setup

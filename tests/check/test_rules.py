@@ -13,8 +13,6 @@ from vitexport.errors import BadInput
 from vitexport.quantize import OrinTarget
 from vitexport.recipe import TargetKind, available_recipes, load_recipe
 
-OPSET19 = ["contract.max_opset=19"]
-
 # (id, recipe, overrides, model, {rule: node it names (None: not a node)})
 PLANTED = [
     ("zero-point", "orin", [], lambda: linear(zero_point=3), {"orin.int8": "act_q"}),
@@ -80,13 +78,15 @@ def test_clean_float32_qdq_passes_every_target_but_npu_per_tensor(recipe, tmp_pa
 
 
 def test_orin_takes_float16_qdq_at_opset_19(tmp_path):
-    """The lead's orin INT8 files: float16 activations and Q/DQ scales at opset 19."""
+    """The orin INT8 files: float16 activations and Q/DQ scales at opset 19 (orin.yaml admits 19)."""
     m = linear(opset=19, dtype=TensorProto.FLOAT16)
-    assert check_file(save(m, tmp_path / "m.onnx"), load_recipe("orin", OPSET19))
-    # the same file is refused where float16 is (npu), and orin's opset 17 recipe refuses the opset
+    result = check_file(save(m, tmp_path / "m.onnx"), load_recipe("orin"))
+    assert result, result.lines()
+    # the same file is refused where float16 is (npu), and by TensorRT 8.6 (orin-jp5) for its opset
     npu = check_file(tmp_path / "m.onnx", load_recipe("npu", ["contract.max_opset=19"]))
     assert {"contract.forbid_float16", "npu.per_tensor"} <= {v.rule for v in npu.violations}
-    assert {v.rule for v in check_file(tmp_path / "m.onnx", load_recipe("orin")).violations} == {"contract.max_opset"}
+    jp5 = check_file(tmp_path / "m.onnx", load_recipe("orin-jp5"))
+    assert {v.rule for v in jp5.violations} == {"contract.max_opset", "tensorrt.opset"}
 
 
 def test_bad_axis_outside_the_rank(tmp_path):

@@ -122,6 +122,7 @@ def test_primary_output_shapes():
         primary_output({"a": 1})
 
 
+@pytest.mark.slow
 def test_tensorrt_is_imported_lazily():
     """Neither TensorRT, Polygraphy nor matplotlib (report plots) is imported with the package (the
     engine stage and ``vitexport check`` included), and importing configures no logging."""

@@ -102,6 +102,7 @@ def test_identical_bytes_across_processes(tmp_path):
     assert (_sha(d / "raw.onnx"), _sha(d / "fp32.onnx")) == here
 
 
+@pytest.mark.slow
 def test_falls_back_to_dynamo_and_says_so(tmp_path):
     # Without the explicit attention, TorchScript has no opset-13 form of SDPA; dynamo has (at
     # opset 18, converted down to 13).

@@ -44,6 +44,7 @@ def _encoder(kind: str) -> torch.nn.Module:
     return transformers.RobertaModel(cfg, add_pooling_layer=False).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["distilbert", "roberta"])
 def test_text_encoder_passes_the_npu_recipe(kind, tmp_path):
     module = OutputAdapter(_encoder(kind), ["input_ids", "attention_mask"]).eval()

@@ -145,6 +145,7 @@ def compare_files(vit_onnx, vit_feeds, tmp_path_factory):
     return d, scaled, data
 
 
+@pytest.mark.slow
 def test_compare_two_onnx_files_names_the_scaled_block(vit_onnx, compare_files):
     d, scaled, data = compare_files
     run = compare_models(str(vit_onnx), str(scaled), data, layers=True, out_dir=d / "out")

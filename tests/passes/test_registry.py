@@ -161,6 +161,7 @@ def test_rewritten_models_survive_pickle_and_deepcopy(name):
             assert softmax_mask_producers(export_onnx(m, case.inputs)).count("Where") == 1 + (name != "timm_swin")
 
 
+@pytest.mark.slow
 def test_a_saved_hf_model_runs_in_a_fresh_process(tmp_path):
     import subprocess
     import sys

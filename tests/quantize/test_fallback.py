@@ -2,6 +2,8 @@
 held-out calibration data in the target's arithmetic on the very bytes that are written."""
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 
 from qcases import recipe
@@ -32,11 +34,13 @@ def test_fallback_meets_budget_with_few_float_layers(outlier_vit, tmp_path):
     assert any("fallback" in n for n in rep.notes)
 
 
+@pytest.mark.slow
 def test_no_fallback_when_budget_holds(vit17, tmp_path):
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin"), tmp_path)
     assert rep.budget_met and rep.float_fallback == []
 
 
+@pytest.mark.slow
 def test_fallback_verdict_equals_the_gate_on_the_written_file(outlier_vit, tmp_path):
     """What the fallback predicted on its selection data is what the gate's runner measures on the
     written file, on the same samples: the same arithmetic, the same bytes."""

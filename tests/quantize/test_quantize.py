@@ -31,6 +31,7 @@ def _cosine(case, path) -> float:
     return compute_metrics(case.reference, _outputs(path, case.feeds)).cosine_min
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["orin", "npu"])
 def test_outlier_vit_reaches_cosine_099_with_equalisation(outlier_vit, outlier_vit13, tmp_path, name):
     case = outlier_vit if name == "orin" else outlier_vit13
@@ -65,6 +66,7 @@ def test_equalisation_keeps_the_float_function(outlier_vit):
     assert len(set(gammas)) == len(gammas)
 
 
+@pytest.mark.slow
 def test_masked_multi_input_encoder(bert, tmp_path):
     rep = quantize_int8(bert.path, tmp_path / "bert.int8.onnx", bert.calib, recipe("orin", NO_FALLBACK), tmp_path)
     assert rep.quantized_nodes >= 12
@@ -78,6 +80,7 @@ def test_masked_multi_input_encoder(bert, tmp_path):
     assert padded, "the parity set must exercise padding"
 
 
+@pytest.mark.slow
 def test_second_run_reuses_scale_table(vit17, tmp_path):
     r = recipe("orin", NO_FALLBACK, "calibration.reuse=true")
     first = quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path)
@@ -97,6 +100,7 @@ def test_second_run_reuses_scale_table(vit17, tmp_path):
     assert not fourth.reused_table and fourth.method == "minmax"
 
 
+@pytest.mark.slow
 def test_deterministic_bytes(vit17, tmp_path):
     r = recipe("orin", NO_FALLBACK)
     quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path / "a")
@@ -105,6 +109,7 @@ def test_deterministic_bytes(vit17, tmp_path):
     assert (tmp_path / "a" / "calibration.cache").read_bytes() == (tmp_path / "b" / "calibration.cache").read_bytes()
 
 
+@pytest.mark.slow
 def test_trt_calibration_cache_format(vit17, tmp_path):
     quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin", NO_FALLBACK), tmp_path)
     lines = (tmp_path / "calibration.cache").read_text().splitlines()
@@ -119,6 +124,7 @@ def test_trt_calibration_cache_format(vit17, tmp_path):
     assert scale_to_hex(1.0) == "3f800000"  # big-endian IEEE float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minmax", "entropy", "mse"])
 def test_every_method_quantizes(vit17, tmp_path, method):
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
@@ -127,6 +133,7 @@ def test_every_method_quantizes(vit17, tmp_path, method):
     assert _cosine(vit17, tmp_path / "m.onnx") >= 0.98
 
 
+@pytest.mark.slow
 def test_latency_is_measured_and_reported(vit17, tmp_path):
     r = recipe("cpu", NO_FALLBACK, "quantization.measure_latency=true")
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, r, tmp_path)
@@ -165,6 +172,7 @@ def test_calibration_data_that_does_not_fit_the_model(vit17, bert, tmp_path):
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "b.onnx").exists()
 
 
+@pytest.mark.slow
 def test_attention_probabilities_keep_their_exact_range(vit17, tmp_path):
     # entropy clips long tails; applied to softmax outputs it would cut the few large probabilities
     quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
@@ -176,6 +184,7 @@ def test_attention_probabilities_keep_their_exact_range(vit17, tmp_path):
         assert v["amax"] == v["max"] and 0 < v["max"] <= 1.0 and v["min"] >= 0.0
 
 
+@pytest.mark.slow
 def test_fallback_evaluates_in_the_targets_arithmetic(vit17, tmp_path, monkeypatch):
     import vitexport.quantize.quantizer as quantizer
 

@@ -7,6 +7,8 @@ same name. Each copy now has its own name and a known shape.
 """
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 import onnx
 import torch
@@ -17,6 +19,7 @@ from vitexport.calibration import random_samples
 from vitexport.quantize import quantize_int8
 
 
+@pytest.mark.slow
 def test_equalising_a_shared_weight(tmp_path):
     m = plant_outliers(tiny_vit(depth=3))
     with torch.no_grad():  # three blocks with one fc1 weight, as random-init ConViT has for its value projections

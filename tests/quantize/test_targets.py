@@ -34,6 +34,7 @@ def test_every_target_has_rules(kind):
     assert TARGETS[kind].kind is kind
 
 
+@pytest.mark.slow
 def test_orin_rules(vit17, tmp_path):
     m, rep = _quantize(vit17, tmp_path, "orin")
     assert check_placement(m, "orin") == []
@@ -74,6 +75,7 @@ def test_orin_rules(vit17, tmp_path):
     assert len(att) == 4  # QK^T and PV in each of 2 blocks
 
 
+@pytest.mark.slow
 def test_orin_skips_attention_without_fused_head_size(vit_head48, tmp_path):
     m, rep = _quantize(vit_head48, tmp_path, "orin")
     reasons = " ".join(rep.skipped_nodes.values())
@@ -83,6 +85,7 @@ def test_orin_skips_attention_without_fused_head_size(vit_head48, tmp_path):
             assert not dq_fed(n), n.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asym", [True, False])
 def test_npu_rules(outlier_vit13, tmp_path, asym):
     m, rep = _quantize(outlier_vit13, tmp_path, "npu", f"quantization.asymmetric_activations={str(asym).lower()}")
@@ -139,6 +142,7 @@ def test_placement_checker_catches_violations(vit17, tmp_path):
     assert any("zero point" in str(p) for p in check_placement(m, TargetKind.orin))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["orin", "npu", "cpu"])
 def test_qdq_only_where_the_target_allows(vit17, outlier_vit13, tmp_path, name):
     case = outlier_vit13 if name == "npu" else vit17

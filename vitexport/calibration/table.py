@@ -34,6 +34,7 @@ class ScaleTable(BaseModel):
         equalization: smoothing site → per-channel factors (empty when none).
         bias: Linear node → the mean INT8 output error its float bias absorbs (bias correction).
         choices: what the searches chose (``alpha`` per site, ``range`` per tensor), for the report.
+        float_ranges: tensor → largest |value|, of every float tensor (an FP16 model's island evidence).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -48,6 +49,7 @@ class ScaleTable(BaseModel):
     equalization: dict[str, list[float]] = Field(default_factory=dict)
     bias: dict[str, list[float]] = Field(default_factory=dict)
     choices: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    float_ranges: dict[str, float] = Field(default_factory=dict)
 
     def key(self) -> dict[str, Any]:
         return {"model_hash": self.model_hash, "data_hash": self.data_hash, "method": self.method,

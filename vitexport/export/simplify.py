@@ -18,7 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from ..graph.files import load_model, save_model
-from ..graph.weights import LIFT_MIN_BYTES, weights_as_inputs
+from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..recipe import Recipe
 from ..check import model_violations, run_checker
 from .contract import raise_violations
@@ -76,19 +76,6 @@ def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
     model.metadata_props.extend(keep)
 
 
-def _reattach(simplified: onnx.ModelProto, held: dict[str, ir.Value]) -> ir.Model:
-    """The simplified graph with the held weights back as initializers (the same tensors, no copy)."""
-    out = ir.from_proto(simplified)
-    graph = out.graph
-    for v in list(graph.inputs):
-        if v.name in held:
-            graph.inputs.remove(v)
-            if v.uses():  # a weight whose consumer was folded away goes too
-                v.const_value = held[v.name].const_value
-                graph.register_initializer(v)
-    return out
-
-
 def simplify_onnx(
     in_path: str | Path,
     out_path: str | Path,
@@ -130,7 +117,7 @@ def simplify_onnx(
             _strip_onnxsim_metadata(proto)
         else:
             notes.append("export.simplify is false: onnxsim skipped, contract checked on the exported graph")
-        simplified = _reattach(proto, held)
+        simplified = reattach(proto, held)
         violations = run_checker(proto)  # the weights held aside are typed graph inputs here
     # the same rules as ``vitexport check``: the contract, then the target's (no rule reads a weight)
     violations += model_violations(simplified, recipe)

@@ -15,6 +15,7 @@ __all__ = [
     "opset_version",
     "producer_through",
     "uses_through",
+    "set_dtype",
 ]
 
 #: ops that move or reshape values without changing them (a channel stays a channel when the last
@@ -98,3 +99,9 @@ def uses_through(value: ir.Value, ops: Iterable[str] = PASS_THROUGH_OPS) -> list
         else:
             out.append((node, idx))
     return out
+
+
+def set_dtype(value: ir.Value, dtype: ir.DataType) -> None:
+    """Give ``value`` a new tensor type. (``value.dtype = …`` edits its type object in place, and an
+    onnx-ir clone shares type objects with its original: the float model would change too.)"""
+    value.type = ir.TensorType(dtype)

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import onnx
 import onnx_ir as ir
 
-__all__ = ["weights_as_inputs", "LIFT_MIN_BYTES"]
+__all__ = ["weights_as_inputs", "through_proto", "reattach", "LIFT_MIN_BYTES"]
 
 #: initializers from this size on are lifted; smaller ones (shapes, scales, axes) stay constants,
 #: since shape inference and constant folding need their values
@@ -69,3 +69,27 @@ def weights_as_inputs(
         graph.initializers.clear()
         for v in order:  # insertion order is file order: identical inputs give identical bytes
             graph.initializers.add(v)
+
+
+def reattach(proto: onnx.ModelProto, held: dict[str, ir.Value]) -> ir.Model:
+    """``proto`` (a lifted model after a C API changed it) as an ``ir.Model`` with the held weights
+    back as initializers: the same tensors, no copy. A weight whose readers are gone is dropped."""
+    out = ir.from_proto(proto)
+    graph = out.graph
+    for v in list(graph.inputs):
+        if v.name in held:
+            graph.inputs.remove(v)
+            if v.uses():
+                v.const_value = held[v.name].const_value
+                graph.register_initializer(v)
+    return out
+
+
+def through_proto(model: ir.Model, fn: Callable[[onnx.ModelProto], onnx.ModelProto],
+                  lift: Callable[[ir.Value], bool] | None = None) -> ir.Model:
+    """A new model: ``fn`` (a C API such as onnxsim or the version converter) applied to ``model``
+    with its large weights lifted out (:func:`weights_as_inputs`), then the weights put back."""
+    initializers = dict(model.graph.initializers)
+    with weights_as_inputs(model, lift) as (proto, weights):
+        held = {name: initializers[name] for name in weights}
+        return reattach(fn(proto), held)

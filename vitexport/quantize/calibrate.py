@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from ..calibration.collect import collect
 from ..calibration.data import SampleSet
-from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
+from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, RowSampler, make_observer
 from ..calibration.table import ScaleTable
 from ..errors import BadInput
 from ..graph.query import attr
@@ -35,7 +35,7 @@ from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_we
 from .spec import NodeKind, NodeSpec, QuantPlan
 from .targets import QuantTarget, attention_role
 
-__all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of"]
+__all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
 
 log = logging.getLogger("vitexport.quantize")
 
@@ -269,3 +269,20 @@ def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPla
     if missing:
         raise RuntimeError(f"{path}: no range for {sorted(missing)[:3]}")
     return res
+
+
+def observe_absmax(model: ir.Model, samples: SampleSet, recipe: Recipe) -> dict[str, float]:
+    """Largest |value| of every float tensor the graph computes (and of its float inputs) on
+    ``samples``: the evidence that decides which parts of an FP16 model stay FP32."""
+    cal = recipe.calibration
+    names = [v.name for v in model.graph.inputs if not v.is_initializer() and v.dtype == ir.DataType.FLOAT]
+    names += [o.name for n in model.graph for o in n.outputs if o.dtype == ir.DataType.FLOAT and n.op_type != "Constant"]
+    observers = {t: [MinMaxObserver()] for t in dict.fromkeys(names)}
+    log.debug("float16 evidence: ranges of %d tensor(s) on %d sample(s)", len(observers), len(samples))
+    collect(model, samples, observers, batch_size=cal.batch_size, budget_bytes=cal.memory_budget_mb << 20,
+            description="float16 ranges")
+    out = {}
+    for t, (ob,) in observers.items():
+        if ob.count:
+            out[t] = max(abs(ob.min), abs(ob.max))
+    return out

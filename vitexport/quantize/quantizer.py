@@ -21,9 +21,10 @@ from ..graph.files import artifact_files, load_model, save_model
 from ..io import sha256_file
 from ..parity.metrics import CompareResult
 from ..recipe import Recipe
-from .calibrate import CalibrationResult, calibrate, reuse_table, table_settings
+from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
 from .fallback import evaluate, rank_sensitivity, run_outputs, search_fallback
+from .precision import Float16Islands, precision_summary, to_opset
 from .spec import QuantPlan
 from .targets import QuantTarget, float16_tensors, get_target
 
@@ -62,6 +63,7 @@ class QuantReport(BaseModel):
     parity_before_fallback: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
     budget_met: bool | None = None
+    precision: dict[str, Any] = Field(default_factory=dict)
     latency: dict[str, float] | None = None
     latency_ratio: float | None = None
     notes: list[str] = Field(default_factory=list)
@@ -104,6 +106,8 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe)
+        if target.high_precision() == "fp16" and res.plan.nodes:
+            res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
@@ -112,8 +116,23 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     return res
 
 
+class _Builder:
+    """The Q/DQ model of a plan, exactly as it is written: conversion, then (for an fp16 target) the
+    float parts in float16. The fallback's candidates and the artifact come from the same call."""
+
+    def __init__(self, model: ir.Model, ranges, cache: WeightCache, float_ranges: dict[str, float] | None):
+        self.model, self.ranges, self.cache, self.float_ranges = model, ranges, cache, float_ranges
+        self.islands: dict[str, str] = {}
+
+    def __call__(self, plan: QuantPlan) -> ir.Model:
+        qdq, _ = convert(self.model, plan, self.ranges, self.cache)
+        if self.float_ranges is not None:
+            self.islands = Float16Islands(self.float_ranges)(qdq).report.skipped
+        return qdq
+
+
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
-              target: QuantTarget, recipe: Recipe, cache: WeightCache, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
+              target: QuantTarget, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
     """Check the INT8 model on the held-out selection data; keep layers in float until it passes."""
     tol, fb = recipe.tolerance("quantize_int8"), recipe.quantization.fallback
     feeds = FeedSet.for_model(select, model, recipe.calibration.batch_size)
@@ -124,12 +143,12 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
     result = first
     if not first and fb.enabled and fb.max_float_layers > 0:
         sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, recipe.calibration.batch_size)
-        ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, cache)
-        fbr = search_fallback(plan, lambda p: evaluate(convert(model, p, ranges, cache)[0], feeds, reference, tol,
-                                                       target.gate_config), ranking, fb.max_float_layers, first)
+        ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, build.cache)
+        fbr = search_fallback(plan, lambda p: evaluate(build(p), feeds, reference, tol, target.gate_config),
+                              ranking, fb.max_float_layers, first)
         if fbr.float_nodes:
             plan = plan.without(set(fbr.float_nodes))
-            qdq = convert(model, plan, ranges, cache)[0]
+            qdq = build(plan)
         result = fbr.after
         report.float_fallback, report.float_macs_share = fbr.per_node, fbr.macs_float_share
         report.notes.append(
@@ -177,10 +196,16 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     calib_part, select = _holdout(recipe, calib)
     res = _scales(model, fp32_path, target, plan, calib_part, recipe, work_dir, len(select or ()), report)
-    plan, ranges, cache = res.plan, res.table.tensors, WeightCache(bias=res.table.bias)
-    qdq, _ = convert(model, plan, ranges, cache)
+    plan, ranges = res.plan, res.table.tensors
+    fp16 = target.high_precision() == "fp16" and bool(plan.nodes)
+    if fp16:
+        model = to_opset(model, 19)  # float16 Q/DQ scales
+    build = _Builder(model, ranges, WeightCache(bias=res.table.bias), res.table.float_ranges if fp16 else None)
+    qdq = build(plan)
     if select is not None and plan.nodes:
-        qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, cache, report)
+        qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report)
+    report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
+                        "fp32_islands": dict(build.islands)}
     _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)
     if recipe.quantization.measure_latency and plan.nodes:
         _latency(model, fp32_path, out_path, calib, target, report)

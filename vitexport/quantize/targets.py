@@ -100,13 +100,19 @@ class QuantTarget:
         """The ONNX Runtime arithmetic that reproduces this target's (the INT8 gate and fallback run it)."""
         return LOW_MEMORY if self.runs_in_onnxruntime else QDQ_AS_FLOAT
 
+    def high_precision(self) -> str:
+        """``fp16`` or ``fp32``: the type of the Q/DQ model's float parts (the recipe's, else the target's)."""
+        return self.spec.high_precision or "fp32"
+
     @property
     def arithmetic(self) -> str:
         """One line for the report: which arithmetic the INT8 gate ran."""
         if self.runs_in_onnxruntime:
             return "INT8 parity: ONNX Runtime's fused integer kernels (the cpu target's runtime)"
+        floats = ("float parts in FP16 as written (float16 tensors between ops, the 65504 range), FP32 islands in FP32"
+                  if self.high_precision() == "fp16" else "float parts in FP32")
         return ("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
-                f"the arithmetic the {self.kind.value} runtime performs")
+                f"{floats}: the arithmetic the {self.kind.value} runtime performs")
 
     def encoding(self) -> Encoding:
         symmetric = self.force_symmetric or not self.spec.asymmetric_activations
@@ -214,6 +220,11 @@ class OrinTarget(QuantTarget):
     #: fused INT8 multi-head attention (TensorRT's MHA fusion) needs these head sizes and ≤ 512 tokens
     FUSED_HEAD_SIZES = (16, 32, 64)
     MAX_FUSED_SEQ = 512
+
+    def high_precision(self) -> str:
+        # TensorRT 10 strongly typed runs what the file says: FP16 float parts are what make INT8 pay.
+        # TensorRT 8 (--int8 --fp16) picks per layer from an FP32 file.
+        return self.spec.high_precision or ("fp16" if self.spec.strongly_typed else "fp32")
 
     def attention_ok(self, head: int, seq: int) -> tuple[bool, str]:
         ok, why = super().attention_ok(head, seq)

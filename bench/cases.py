@@ -1,0 +1,300 @@
+"""Issue 11's bench cases: transformers with the outlier structure trained ones have, and trained models
+with real held-out accuracy. Each case is prepared once (cached under ``bench/work/<case>``) into:
+
+* ``weights.safetensors`` and the model URI vitexport loads them with (``timm:NAME`` or
+  ``python:bench/arch.py:FUNCTION``);
+* three disjoint data splits: ``calib.npz`` (every tool calibrates on it), ``parity.npz`` (vitexport's
+  ``--parity-data``: its gate and fallback selection) and ``score.npz``, which no tool ever sees: the
+  figures in ``results.md`` are measured on it;
+* ``reference.npz``: the untouched torch model's FP32 outputs on ``score.npz`` (``out``), labels ``y``
+  where the case has them, and for the text encoder its trained topic head (``head_w``, ``head_b``),
+  which turns an embedding into a topic for an accuracy figure.
+
+Cases: ``demo`` (the bundled digits ViT; its committed held-out split cut into parity and score),
+``digits_vit`` and ``text_encoder`` (trained by ``scripts/train_*.py``), ``vit_base_outlier``
+(timm ViT-B/16 with random weights and planted outliers, :func:`plant_vit_outliers`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CaseSpec", "CASES", "prepare_case", "plant_vit_outliers", "write_calib_subset", "file_digest"]
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+ARCH = BENCH / "arch.py"
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One issue-11 case.
+
+    Attributes:
+        key: short name used in tables, record ids and file names.
+        title: what a reader sees.
+        kind: ``classifier`` (logits; top-1 agreement, accuracy with labels) or ``embedding``.
+        trained: trained weights with labelled data (accuracy is reported).
+        script: the training script under ``scripts/`` (None: not trained here).
+    """
+
+    key: str
+    title: str
+    kind: str
+    trained: bool
+    script: str | None = None
+
+
+CASES: dict[str, CaseSpec] = {
+    c.key: c
+    for c in (
+        CaseSpec("demo", "demo ViT (digits 16×16, trained)", "classifier", True),
+        CaseSpec("digits_vit", "digits ViT 32×32 (trained, augmented)", "classifier", True, "train_digits_vit.py"),
+        CaseSpec("text_encoder", "BERT-style sentence encoder (trained, padding mask, massive activations)", "embedding",
+                 True, "train_text_encoder.py"),
+        CaseSpec("vit_base_outlier", "ViT-B/16 + LayerNorm ×40 outlier channels, residual outliers and sink tokens",
+                 "classifier", False),
+    )
+}
+
+
+def file_digest(path: str | Path, n: int = 16) -> str:
+    """The first ``n`` hex digits of a file's SHA-256 (records compare inputs by content)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()[:n]
+
+
+# --- ViT-B/16 with planted outliers ----------------------------------------------------------------
+
+def plant_vit_outliers(model, seed: int = 0, ln_channels: int = 6, ln_factor: float = 40.0,
+                       res_channels: int = 2, res_factor: float = 25.0, sinks: int = 3, sink_value: float = 500.0) -> dict:
+    """Give a timm ViT the outliers trained ViTs have. Modifies ``model`` in place.
+
+    1. **LayerNorm affine** (function-preserving): every LayerNorm's gains spread (×1–2) and biases
+       shifted a little, as trained ones are, and on ``ln_channels`` channels gain ×``ln_factor``
+       (±10 %) with the bias shifted by ±(0.5–1)·factor; all undone exactly in the Linear that reads
+       it (its input columns ÷ gain, the shift folded into its bias). The float
+       function is unchanged; the activations the quantizer sees (qkv, fc1 and head inputs) carry
+       channels ~40× the rest, off-centre.
+    2. **Residual stream** (changes the function mildly, as trained weights would): ``res_channels``
+       channels of the patch embedding, CLS token and position embedding ×``res_factor``; every block
+       adds to the same stream, so they stay large to the end.
+    3. **Sink tokens** (a few patch positions, fixed, like the high-norm background tokens of large
+       trained ViTs): the position embedding writes ±``sink_value`` into the residual channels there,
+       so residual Adds and LayerNorm inputs hold |x| in the hundreds on those tokens.
+
+    Returns:
+        What was planted, for the report.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    dim = model.embed_dim
+    perm = torch.randperm(dim, generator=g)
+    ln_idx, res_idx = perm[:ln_channels], perm[ln_channels : ln_channels + res_channels]
+    n_patches = model.patch_embed.num_patches
+    prefix = model.num_prefix_tokens
+    sink_pos = (prefix + torch.randperm(n_patches, generator=g)[:sinks]).tolist()
+    pairs = [(blk.norm1, blk.attn.qkv) for blk in model.blocks] + [(blk.norm2, blk.mlp.fc1) for blk in model.blocks]
+    pairs.append((model.norm, model.head))
+    with torch.no_grad():
+        for norm, linear in pairs:
+            # One per-channel gain a and shift b on the LayerNorm output: trained affines are not all
+            # ones (a spread on every channel), and the outlier channels get ×factor and an offset.
+            a = 1.0 + 0.3 * torch.randn(dim, generator=g).abs()
+            b = 0.1 * torch.randn(dim, generator=g)
+            f = ln_factor * (0.9 + 0.2 * torch.rand(ln_channels, generator=g))
+            sign = torch.where(torch.rand(ln_channels, generator=g) < 0.5, -1.0, 1.0)
+            a[ln_idx] *= f
+            b[ln_idx] += f * (0.5 + 0.5 * torch.rand(ln_channels, generator=g)) * sign
+            # LN'(x) = a·LN(x) + b; the Linear reading it takes W/a and bias − W·(b/a): unchanged output.
+            w = linear.weight.clone()
+            norm.weight.mul_(a)
+            norm.bias.mul_(a).add_(b)
+            linear.weight.copy_(w / a)
+            linear.bias.sub_(w @ (b / a))
+        rf = res_factor * (0.8 + 0.4 * torch.rand(res_channels, generator=g))
+        model.patch_embed.proj.weight[res_idx] *= rf.view(-1, 1, 1, 1)
+        model.patch_embed.proj.bias[res_idx] *= rf
+        model.cls_token[..., res_idx] *= rf
+        model.pos_embed[..., res_idx] *= rf
+        signs = torch.tensor([1.0 if i % 2 == 0 else -0.8 for i in range(res_channels)])
+        for p in sink_pos:
+            model.pos_embed[0, p, res_idx] += sink_value * signs
+    return {"ln_channels": ln_idx.tolist(), "ln_factor": ln_factor, "res_channels": res_idx.tolist(),
+            "res_factors": [round(float(x), 1) for x in rf], "sink_positions": sink_pos, "sink_value": sink_value}
+
+
+# --- preparation -----------------------------------------------------------------------------------
+
+def write_calib_subset(src: Path, dst: Path, n: int, seed: int = 0) -> Path:
+    """The ``n`` calibration samples every tool gets, as their own uncompressed ``.npz``.
+
+    Rows are the seeded subset vitexport itself draws from ``src`` (:func:`bench.worker.select_calibration`),
+    in file order; given this file and ``num_samples=n``, vitexport takes every row, and so do the peers.
+    """
+    from bench.worker import select_calibration
+
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files if k != "y"}
+    idx = select_calibration(len(next(iter(arrays.values()))), n, seed)
+    tmp = dst.with_suffix(".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **{k: v[idx] for k, v in arrays.items()})
+    tmp.replace(dst)
+    return dst
+
+
+def _train(spec: CaseSpec, work: Path, extra: list[str] | None = None) -> dict:
+    """Run the case's training script unless ``work/meta.json`` says the same script already did."""
+    script = REPO / "scripts" / spec.script
+    digest = hashlib.sha256(script.read_bytes() + (BENCH / "arch.py").read_bytes()).hexdigest()[:16]
+    meta_path = work / "meta.json"
+    stamp = work / "script.sha"
+    if meta_path.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        return json.loads(meta_path.read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)
+    subprocess.run([sys.executable, str(script), "--out", str(work), *(extra or [])], check=True, cwd=REPO)
+    stamp.write_text(digest)
+    return json.loads(meta_path.read_text())
+
+
+def _torch_outputs(model, data: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+    import torch
+
+    n = len(data[names[0]])
+    outs = []
+    with torch.no_grad():
+        for i in range(0, n, 8):
+            feeds = [torch.from_numpy(data[k][i : i + 8]) for k in names]
+            outs.append(model(*feeds).numpy())
+    return np.concatenate(outs)
+
+
+def _vit_base(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) -> tuple[object, dict]:
+    import timm
+    import torch
+    from safetensors.torch import save_file
+    from timm.data import resolve_data_config
+
+    from bench.models import _normalize, smooth_images
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
+    planted = plant_vit_outliers(model, seed=seed)
+    cfg = resolve_data_config({}, model=model)
+    c, h, _ = cfg["input_size"]
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(work / "weights.safetensors"))
+    for name, n, s in (("calib", max_calib, 1), ("parity", n_parity, 2), ("score", n_score, 3)):
+        np.savez(work / f"{name}.npz", x=_normalize(smooth_images(n, h, c, seed=seed + s), cfg["mean"], cfg["std"]))
+    notes = [f"random weights (timm init, seed {seed}) + planted outliers {planted}",
+             "synthetic smooth images (bench.models.smooth_images), a distinct seed per split"]
+    return model, {"uri": "timm:vit_base_patch16_224", "notes": notes, "planted": planted}
+
+
+def _demo(work: Path) -> tuple[object, dict]:
+    from vitexport.demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
+    from vitexport.demo.model import build_demo_vit
+    from vitexport.sources import load_weights
+
+    model = build_demo_vit()
+    load_weights(model, DEMO_WEIGHTS)
+    with np.load(DEMO_HELDOUT) as z:
+        x, y = z["x"], z["y"]
+    with np.load(DEMO_CALIB) as z:
+        np.savez(work / "calib.npz", x=z["x"])
+    cut = 150  # the committed held-out split: the first 150 for vitexport's gate, the rest scored
+    np.savez(work / "parity.npz", x=x[:cut], y=y[:cut])
+    np.savez(work / "score.npz", x=x[cut:], y=y[cut:])
+    import shutil
+
+    shutil.copyfile(DEMO_WEIGHTS, work / "weights.safetensors")
+    return model.eval(), {"uri": DEMO_MODEL_URI, "notes": ["bundled demo: committed calib split; committed held-out "
+                                                            f"split cut into parity (first {cut}) and score (the rest)"]}
+
+
+def _trained(spec: CaseSpec, work: Path, tiny: bool) -> tuple[object, dict]:
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    meta = _train(spec, work, ["--tiny"] if tiny else None)
+    loader = importlib.util.spec_from_file_location("bench_arch_by_path", ARCH)
+    arch = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(arch)
+    fn = "digits_vit" if spec.key == "digits_vit" else "text_encoder"
+    if tiny:
+        cfg = meta["config"]
+        if spec.key == "digits_vit":
+            model = arch.build_digits_vit(**{k: cfg[k] for k in ("embed_dim", "depth", "num_heads")})
+        else:
+            model = arch.build_text_encoder(**{k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")})
+    else:
+        model, _ = getattr(arch, fn)()
+    model.load_state_dict(load_file(str(work / "weights.safetensors")))
+    notes = [f"{meta['dataset']}; trained by scripts/{spec.script} in {meta['seconds']} s (seed {meta['seed']}); "
+             f"splits {meta['splits']}"]
+    if "massive" in meta:
+        notes.append(f"planted massive activations {meta['massive']}")
+    # relative: the bench's children run in the repository root, and the report reads better
+    return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:{fn}", "notes": notes, "train_meta": meta}
+
+
+def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, int] | None = None,
+                 seed: int = 0, tiny: bool = False) -> dict:
+    """Write (or reuse) the case's weights and splits, and the FP32 reference on the score split.
+
+    Args:
+        spec: the case.
+        work: its folder (created).
+        max_calib: the most calibration samples any measurement draws (ViT-B: how many are made).
+        sizes: ``parity`` / ``score`` sample counts for the synthetic-data case (ViT-B).
+        seed: weights and data seed.
+        tiny: the training scripts' ``--tiny`` settings (tests).
+    Returns:
+        ``uri``, ``weights``, ``calib``, ``parity``, ``score``, ``reference`` (paths), ``kind``,
+        ``inputs`` (names), ``notes``, ``fp32_accuracy`` (trained cases), ``distinct_top1``, sizes.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = {"parity": 32, "score": 64, **(sizes or {})}
+    if spec.key == "vit_base_outlier":
+        model, info = _vit_base(work, max_calib, sizes["parity"], sizes["score"], seed)
+    elif spec.key == "demo":
+        model, info = _demo(work)
+    else:
+        model, info = _trained(spec, work, tiny)
+    with np.load(work / "score.npz") as z:
+        score = {k: z[k] for k in z.files}
+    names = [k for k in score if k != "y"]
+    out = _torch_outputs(model, score, names).astype(np.float32)
+    ref: dict[str, np.ndarray] = {"out": out}
+    if "y" in score:
+        ref["y"] = score["y"]
+    head = work / "head.npz"
+    if spec.kind == "embedding" and head.is_file():
+        with np.load(head) as z:
+            ref["head_w"], ref["head_b"] = z["w"], z["b"]
+    np.savez(work / "reference.npz", **ref)
+    res = {
+        "uri": info["uri"], "weights": str(work / "weights.safetensors"), "kind": spec.kind, "inputs": names,
+        "calib": str(work / "calib.npz"), "parity": str(work / "parity.npz"), "score": str(work / "score.npz"),
+        "reference": str(work / "reference.npz"), "notes": info["notes"],
+        "n_score": int(len(out)), "n_parity": int(len(np.load(work / "parity.npz")[names[0]])),
+        "n_calib": int(len(np.load(work / "calib.npz")[names[0]])),
+    }
+    logits = out if spec.kind == "classifier" else (out @ ref["head_w"].T + ref["head_b"] if "head_w" in ref else None)
+    if logits is not None:
+        res["distinct_top1"] = int(len(np.unique(logits.argmax(1))))
+        if "y" in ref:
+            res["fp32_accuracy"] = float((logits.argmax(1) == ref["y"]).mean())
+    return res
