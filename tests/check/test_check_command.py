@@ -9,6 +9,7 @@ from vitexport import api
 from vitexport.errors import BadInput
 
 
+@pytest.mark.slow
 def test_check_exits_2_with_one_line_per_violation(tmp_path):
     path = save(linear(zero_point=3, weight_axis=0), tmp_path / "hand_edited.onnx")
     proc = run_cli("check", path, "--target", "orin")
@@ -19,6 +20,7 @@ def test_check_exits_2_with_one_line_per_violation(tmp_path):
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 def test_check_exits_0_on_a_clean_file_and_takes_overrides(tmp_path):
     path = save(linear(opset=13, weight_axis=None), tmp_path / "clean.onnx")
     proc = run_cli("check", path, "--target", "npu", "--set", "contract.max_opset=13")
@@ -26,6 +28,7 @@ def test_check_exits_0_on_a_clean_file_and_takes_overrides(tmp_path):
     assert proc.stdout.strip() == f"clean.onnx: passes the {len(api.check(path, 'npu').rules)} rules of recipes/npu.yaml (npu target)"
 
 
+@pytest.mark.slow
 def test_check_bad_input_is_one_line(tmp_path):
     proc = run_cli("check", str(tmp_path / "absent.onnx"))
     assert proc.returncode == 2 and proc.stdout == ""
@@ -43,6 +46,7 @@ def test_a_recipe_file_is_named_as_given(tmp_path):
     assert all(f"of {recipe}" in line for line in result.lines())
 
 
+@pytest.mark.slow
 def test_the_demo_runs_files_pass(demo_run):
     """model.fp32 / int8 of the bundled demo on orin (the session's shared export); the other
     recipes' demo files are checked where tests/test_cli.py exports them."""
