@@ -87,6 +87,13 @@ def test_other_targets_export_the_demo(tmp_path, target):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / target / "parity.json").read_text())
     assert doc["passed"] and [s["stage"] for s in doc["stages"]][:6] == ORDER[:6]
+    from vitexport import api
+
+    # the files it writes for the target pass `vitexport check` (model.raw.onnx, the export before
+    # onnxsim, is an intermediate: the contract holds from simplify on)
+    for name in ("model.fp32.onnx", "model.int8.onnx"):
+        result = api.check(tmp_path / target / name, target)
+        assert result, result.lines()
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from .preflight import check_model, check_output_folder, run_needs
 from .recipe import Recipe, StageName, available_recipes, load_recipe
 from .sources import LoadedModel, load_model
 
-__all__ = ["export", "prepare", "targets", "render_parity", "compare", "DEFAULT_BUILD_DIR"]
+__all__ = ["export", "prepare", "targets", "check", "render_parity", "compare", "DEFAULT_BUILD_DIR"]
 
 DEFAULT_BUILD_DIR = Path("build")
 
@@ -28,6 +28,28 @@ def targets() -> dict[str, str]:
         r = load_recipe(name)
         out[name] = f"[{r.target.value}] {r.description}"
     return out
+
+
+def check(model: str | Path, target: str = "orin", *, overrides: Sequence[str] = ()):
+    """Check an ONNX file (vitexport's or anyone's) against a target: the ONNX checker, the recipe's
+    contract (ops, opset, static shapes, dtypes) and the target's runtime rules (orin: TensorRT's
+    Q/DQ rules and ONNX parser; npu: per-tensor, no float16).
+
+    Args:
+        model: the ONNX file (its ``.data`` file beside it, if any).
+        target: recipe name (``vitexport targets``) or a recipe YAML path.
+        overrides: ``key.path=value`` recipe overrides.
+    Returns:
+        A :class:`~vitexport.check.CheckResult`: true when nothing is broken, ``lines()`` one line
+        per violation naming node and rule.
+    Raises:
+        BadInput: the file is missing or is not ONNX; the recipe is unknown or invalid.
+    """
+    from .check import check_file
+
+    recipe = load_recipe(target, overrides)
+    given = target if Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
+    return check_file(model, recipe, recipe_path=given)
 
 
 def _fit_batch(samples: SampleSet, batch: int) -> SampleSet:

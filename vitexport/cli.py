@@ -68,6 +68,19 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check an ONNX file against a target: contract (ops, opset, static shapes, dtypes) and the target's
+    runtime rules. Exit 0 when clean; 2 with one line per violation naming node and rule."""
+    from . import api
+
+    result = api.check(args.model, args.target, overrides=args.set)
+    for line in result.lines():
+        print(line)
+    if result:
+        print(result.summary())
+    return 0 if result else 2
+
+
 def cmd_parity(args: argparse.Namespace) -> int:
     """Re-render a finished run's report (OUT_DIR), or compare two models with --compare A B."""
     from . import api
@@ -115,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("targets", help=cmd_targets.__doc__, description=cmd_targets.__doc__)
     t.set_defaults(func=cmd_targets)
+
+    c = sub.add_parser("check", help=cmd_check.__doc__, description=cmd_check.__doc__)
+    c.add_argument("model", help="the ONNX file to check")
+    c.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. contract.max_opset=19")
+    c.set_defaults(func=cmd_check)
 
     r = sub.add_parser("parity", help=cmd_parity.__doc__, description=cmd_parity.__doc__)
     r.add_argument("out_dir", nargs="?", default=None, help="a finished run's output folder")

@@ -17,7 +17,9 @@ from vitexport.engines import (
     TensorRTRunner,
     TorchRunner,
     primary_output,
+    require_tensorrt,
     tensorrt_available,
+    tensorrt_missing,
 )
 from vitexport.errors import BadInput
 
@@ -122,13 +124,14 @@ def test_primary_output_shapes():
 
 @pytest.mark.slow
 def test_tensorrt_is_imported_lazily():
-    """Neither TensorRT nor matplotlib (report plots) is imported with the package, and importing
-    configures no logging."""
-    code = ("import logging, sys, vitexport.engines, vitexport.parity; "
-            "print('tensorrt' in sys.modules, 'matplotlib' in sys.modules, bool(logging.getLogger().handlers))")
+    """Neither TensorRT, Polygraphy nor matplotlib (report plots) is imported with the package (the
+    engine stage and ``vitexport check`` included), and importing configures no logging."""
+    code = ("import logging, sys, vitexport.engines, vitexport.parity, vitexport.stages, vitexport.check, "
+            "vitexport.quantize, vitexport.cli; print('tensorrt' in sys.modules, 'polygraphy' in sys.modules, "
+            "'matplotlib' in sys.modules, bool(logging.getLogger().handlers))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False False False"
+    assert out.stdout.strip() == "False False False False"
     assert isinstance(tensorrt_available(), bool)
     # ONNX-only work (quantize, calibrate, compare two ONNX files) does not import torch either
     code = "import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.engines; print('torch' in sys.modules)"
@@ -138,21 +141,48 @@ def test_tensorrt_is_imported_lazily():
     assert issubclass(TensorRTRunner, BaseRunner) and TensorRTRunner.engine == "tensorrt"
 
 
+@pytest.mark.skipif(tensorrt_available(), reason="TensorRT, Polygraphy and a GPU are all here")
+def test_tensorrt_runner_without_tensorrt_is_a_clean_error(tmp_path):
+    """The runner names what is missing (a GPU at least, on this machine) in one BadInput line."""
+    missing = tensorrt_missing()
+    assert missing and set(missing) <= {"tensorrt", "polygraphy", "a CUDA GPU"}
+    runner = TensorRTRunner(tmp_path / "model.int8.plan")
+    with pytest.raises(BadInput) as err:
+        runner.activate()
+    msg = str(err.value)
+    assert "model.int8.plan" in msg and f"missing here: {', '.join(missing)}" in msg and "\n" not in msg
+    assert not runner.is_active
+    with pytest.raises(BadInput, match="building a TensorRT engine"):
+        require_tensorrt("building a TensorRT engine")
+
+
 @pytest.mark.tensorrt
-@pytest.mark.skipif(not tensorrt_available(), reason="needs the tensorrt package and an NVIDIA GPU")
+@pytest.mark.skipif(not tensorrt_available(), reason="needs tensorrt, polygraphy and an NVIDIA GPU")
 def test_tensorrt_runner_matches_onnxruntime(net_and_onnx, tmp_path):  # pragma: no cover - GPU only
-    import tensorrt as trt
+    """A float model built strongly typed through Polygraphy (float32 stays float32) runs like ONNX Runtime."""
+    from vitexport.quantize import build_engine
 
     _, _, path, feed = net_and_onnx
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    assert parser.parse(path.read_bytes())
-    plan = builder.build_serialized_network(network, builder.create_builder_config())
-    (tmp_path / "net.plan").write_bytes(bytes(plan))
-    with TensorRTRunner(tmp_path / "net.plan") as r, OnnxRuntimeRunner(path) as o:
+    plan = build_engine(path, tmp_path / "net.plan", strongly_typed=True)
+    with TensorRTRunner(plan) as r, OnnxRuntimeRunner(path) as o:
+        assert [s.name for s in r.input_specs()] == ["x", "ids"]
         np.testing.assert_allclose(r.infer(feed)["output"], o.infer(feed)["output"], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not tensorrt_available(), reason="needs tensorrt, polygraphy and an NVIDIA GPU")
+@pytest.mark.parametrize("strongly_typed", [True, False])
+def test_tensorrt_qdq_engine_runs_fake_quantization(tmp_path, strongly_typed):  # pragma: no cover - GPU only
+    """A Q/DQ model built both ways (TensorRT 10 strongly typed; TensorRT 8's --int8 --fp16) computes
+    what ONNX Runtime computes with Q/DQ as float ops."""
+    from vitexport.engines import QDQ_AS_FLOAT
+    from vitexport.quantize import build_engine
+
+    _qdq_matmul(tmp_path / "q.onnx")
+    plan = build_engine(tmp_path / "q.onnx", tmp_path / "q.plan", strongly_typed=strongly_typed)
+    x = {"x": np.random.default_rng(4).uniform(-3, 3, (3, 6)).astype(np.float32)}
+    with TensorRTRunner(plan) as r, OnnxRuntimeRunner(tmp_path / "q.onnx", config=QDQ_AS_FLOAT) as o:
+        np.testing.assert_allclose(r.infer(x)["output"], o.infer(x)["output"], rtol=1e-2, atol=2e-2)
 
 
 def _qdq_matmul(path):

@@ -30,8 +30,10 @@ def _violating_model(target: str, rule: str) -> tuple[onnx.ModelProto, str, str]
     c = load_recipe(target).contract
     opset = min(c.max_opset, 17)
     if rule == "max_opset":
-        # ReduceMean changed at opset 18, so the message can name the node that needs it.
-        return make_graph_model("ReduceMean", opset=18, out_shape=(1, 1)), "the_reducemean", "ReduceMean"
+        # ReduceMean changed at opset 18 and ReduceMax at 20, so the message can name the node that needs it.
+        op, at = ("ReduceMean", 18) if c.max_opset < 18 else ("ReduceMax", 20)
+        assert at > c.max_opset
+        return make_graph_model(op, opset=at, out_shape=(1, 1)), f"the_{op.lower()}", op
     if rule == "static_shapes":
         m = make_graph_model("Relu", opset=opset)
         m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"

@@ -1,4 +1,5 @@
-"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT (lazy).
+"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT (through
+Polygraphy, imported lazily).
 
 ``TorchRunner`` (and ``primary_output``) load on first use, so ONNX-only work — quantizing, comparing
 two ONNX files — never pays for importing torch.
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .base import BaseRunner, InputSpec
 from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from .reference_runner import OnnxReferenceRunner
-from .trt_runner import TensorRTRunner, tensorrt_available
+from .trt_runner import TensorRTRunner, require_tensorrt, tensorrt_available, tensorrt_missing
 
 if TYPE_CHECKING:
     from .torch_runner import TorchRunner, primary_output
@@ -24,6 +25,8 @@ __all__ = [
     "OnnxReferenceRunner",
     "TensorRTRunner",
     "tensorrt_available",
+    "tensorrt_missing",
+    "require_tensorrt",
     "primary_output",
 ]
 

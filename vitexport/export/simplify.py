@@ -1,4 +1,4 @@
-"""``simplify_onnx``: onnxsim (constant folding, shape inference), then the target contract.
+"""``simplify_onnx``: onnxsim (constant folding, shape inference), then the target contract and rules.
 
 The contract is checked on the simplified graph *before* anything is written, so a violation leaves
 no artifact behind. onnxsim never sees the weights it cannot change: a weight read only as the
@@ -20,7 +20,8 @@ import onnx_ir as ir
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..recipe import Recipe
-from .contract import contract_violations, raise_violations, run_checker
+from ..check import model_violations, run_checker
+from .contract import raise_violations
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -95,7 +96,8 @@ def simplify_onnx(
     Returns:
         A :class:`SimplifyReport`.
     Raises:
-        ContractViolation: the graph breaks the contract (exit code 2); ``out_path`` is not written.
+        ContractViolation: the graph breaks the contract or the target's rules (exit code 2);
+            ``out_path`` is not written.
         BadInput: ``in_path`` is missing or is not an ONNX model.
     """
     t0 = time.perf_counter()
@@ -116,14 +118,11 @@ def simplify_onnx(
         else:
             notes.append("export.simplify is false: onnxsim skipped, contract checked on the exported graph")
         simplified = reattach(proto, held)
-        violations = run_checker(proto)
-    kept = [v for v in simplified.graph.initializers.values() if v.name in held]
-    with weights_as_inputs(simplified, lift=lambda v: v.name in held) as (light, _):
-        light_inputs = [i for i in light.graph.input if i.name not in held]
-        del light.graph.input[:]
-        light.graph.input.extend(light_inputs)
-        violations += contract_violations(light, recipe, [(v.name, int(v.dtype)) for v in kept])
+        violations = run_checker(proto)  # the weights held aside are typed graph inputs here
+    # the same rules as ``vitexport check``: the contract, then the target's (no rule reads a weight)
+    violations += model_violations(simplified, recipe)
     raise_violations(violations, recipe, recipe_path, out_path.name)
+    kept = [v for v in simplified.graph.initializers.values() if v.name in held]
     save_model(simplified, out_path)
     ops_after = Counter(n.op_type for n in simplified.graph)
     notes.append(f"nodes {nodes_before} -> {simplified.graph.num_nodes()}; contract of '{recipe.name}' holds")

@@ -1,5 +1,5 @@
-"""Orin artifacts: the ``trtexec`` script the Jetson runs, and an engine build with the TensorRT
-Python API where TensorRT and a GPU exist (``tensorrt`` is imported only inside the function)."""
+"""Orin artifacts: the ``trtexec`` script the Jetson runs, and an engine build through Polygraphy
+where TensorRT and a GPU exist (``tensorrt`` and ``polygraphy`` are imported only inside it)."""
 from __future__ import annotations
 
 import os
@@ -67,44 +67,50 @@ exec "$TRTEXEC" {args} "$@"
     return out_script
 
 
-def build_engine(int8_path: Path, engine_path: Path, *, strongly_typed: bool = True, workspace_mb: int = 2048) -> Path:  # pragma: no cover - needs TensorRT
-    """Build a serialized TensorRT engine from the Q/DQ model with the TensorRT Python API.
+def build_engine(int8_path: Path, engine_path: Path, *, strongly_typed: bool = True, workspace_mb: int = 2048) -> Path:
+    """Build a serialized TensorRT engine from the Q/DQ model with Polygraphy's loaders.
 
+    ``strongly_typed`` builds as ``trtexec --stronglyTyped`` (TensorRT 10: the file's own types
+    decide each layer's precision, no precision flags); otherwise as ``--int8 --fp16`` (TensorRT 8).
+
+    Args:
+        int8_path: the Q/DQ model (its ``.data`` file beside it, if any).
+        engine_path: where the engine goes (written atomically).
+        strongly_typed: the recipe's ``quantization.strongly_typed``.
+        workspace_mb: TensorRT's workspace memory pool.
+    Returns:
+        ``engine_path``.
     Raises:
-        BadInput: TensorRT or a GPU is not available, or TensorRT cannot parse / build the model.
+        BadInput: TensorRT, Polygraphy or a GPU is missing, or TensorRT cannot parse / build the model.
     """
-    # imported here: vitexport.engines pulls in torch, which quantization itself never needs
-    from ..engines.trt_runner import tensorrt_available
+    # imported here: quantizing never needs the runners
+    from ..engines.trt_runner import require_tensorrt
 
-    if not tensorrt_available():
-        raise BadInput("building a TensorRT engine needs the 'tensorrt' package and an NVIDIA GPU; "
-                       "neither is here - run build_engine.sh on the Jetson instead")
+    require_tensorrt("building a TensorRT engine")
+    if not Path(int8_path).is_file():
+        raise BadInput(f"{int8_path}: no such ONNX file to build an engine from")
+    return _build(Path(int8_path), Path(engine_path), strongly_typed, workspace_mb)  # pragma: no cover - needs TensorRT
+
+
+def _build(int8_path: Path, engine_path: Path, strongly_typed: bool, workspace_mb: int) -> Path:  # pragma: no cover
     import tensorrt as trt
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath
+    from polygraphy.exception import PolygraphyException
 
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    major = int(trt.__version__.split(".")[0])
-    flags = 0
-    if major < 10:
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        typed = True
-    else:
-        typed = False
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(int8_path)):
-        errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise BadInput(f"TensorRT cannot parse {int8_path}: {errs}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-    if not typed:
-        config.set_flag(trt.BuilderFlag.INT8)
-        config.set_flag(trt.BuilderFlag.FP16)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise BadInput(f"TensorRT failed to build an engine from {int8_path} (see its log above)")
+    from ..engines.trt_runner import polygraphy_error
+
+    if strongly_typed and not hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        raise BadInput(f"TensorRT {trt.__version__} has no strongly typed build (TensorRT >= 9 has): "
+                       "set quantization.strongly_typed=false (the orin-jp5 recipe does)")
+    network = NetworkFromOnnxPath(str(int8_path), strongly_typed=strongly_typed)
+    pools = {trt.MemoryPoolType.WORKSPACE: workspace_mb << 20}
+    # a strongly typed network takes no precision flags: the Q/DQ and float16 types in the file decide
+    config = (CreateConfig(memory_pool_limits=pools) if strongly_typed
+              else CreateConfig(int8=True, fp16=True, memory_pool_limits=pools))
+    try:
+        serialized = EngineBytesFromNetwork(network, config=config)()
+    except PolygraphyException as exc:
+        raise polygraphy_error(exc, f"TensorRT cannot build an engine from {int8_path}") from None
     with atomic_path(engine_path) as tmp:
         Path(tmp).write_bytes(bytes(serialized))
-    return Path(engine_path)
+    return engine_path

@@ -23,8 +23,9 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
+from ..check import Violation, float16_violations, target_rules
 from ..engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
-from ..graph.query import attr, const_array, is_const, static_shape
+from ..graph.query import attr, is_const, static_shape
 from ..recipe import QuantizationSpec, Recipe, TargetKind
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
@@ -36,7 +37,6 @@ __all__ = [
 _LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 # ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Where", "Cast", "Identity", "Dropout", "Sub"})
-_QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:
@@ -202,30 +202,15 @@ class QuantTarget:
         return {}
 
     # --- validate -----------------------------------------------------------------------------------
-    def validate(self, model: ir.Model) -> list[str]:
-        """Rule violations of a Q/DQ model for this target (empty when it follows the rules)."""
-        problems: list[str] = []
-        for n in model.graph:
-            if n.op_type in _QDQ:
-                problems += self._check_qdq(n)
-        if self.forbid_float16:
-            problems += float16_tensors(model)
-        return problems
-
-    def _check_qdq(self, n: ir.Node) -> list[str]:
-        scale = const_array(n.inputs[1])
-        if scale is None or not np.all(np.isfinite(scale)) or not np.all(scale > 0):
-            return [f"{n.name}: scale is not a finite positive constant"]
-        return []
+    def validate(self, model: ir.Model) -> list[Violation]:
+        """Rule violations of a Q/DQ model for this target's runtime (empty when it follows them):
+        the rules ``vitexport check`` runs (:mod:`vitexport.check.target_rules`)."""
+        return target_rules(self.kind, self.spec).violations(model)
 
 
 def float16_tensors(model: ir.Model) -> list[str]:
-    """'tensor X is float16' for every float16 value or initializer of the main graph."""
-    f16 = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-    out = [f"initializer '{v.name}' is {v.dtype.name.lower()}" for v in model.graph.initializers.values() if v.dtype in f16]
-    for n in model.graph:
-        out += [f"tensor '{o.name}' is {o.dtype.name.lower()}" for o in n.outputs if o.dtype in f16]
-    return out
+    """'initializer X is float16', one per float16 tensor, Cast or constant of the graph."""
+    return [f"{v.subject} {v.problem.split(',')[0]}" for v in float16_violations(model, "float16")]
 
 
 class OrinTarget(QuantTarget):
@@ -237,8 +222,6 @@ class OrinTarget(QuantTarget):
     #: fused INT8 multi-head attention (TensorRT's MHA fusion) needs these head sizes and ≤ 512 tokens
     FUSED_HEAD_SIZES = (16, 32, 64)
     MAX_FUSED_SEQ = 512
-    #: ops TensorRT should run in float: a Q/DQ feeding one breaks the fusion or quantizes a residual
-    FLOAT_CONSUMERS = frozenset({"LayerNormalization", "Softmax", "Add", "Erf", "Div", "Sub", "Mul"})
 
     def high_precision(self) -> str:
         # TensorRT 10 strongly typed runs what the file says: FP16 float parts are what make INT8 pay.
@@ -261,21 +244,6 @@ class OrinTarget(QuantTarget):
 
         return TENSORRT
 
-    def _check_qdq(self, n: ir.Node) -> list[str]:
-        problems = super()._check_qdq(n)
-        zp = const_array(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] is not None else None
-        if zp is None or zp.dtype != np.int8 or np.any(zp != 0):
-            problems.append(f"{n.name}: TensorRT needs an int8 zero point of 0")
-        consumers = [u.node for u in n.outputs[0].uses()]
-        if n.op_type == "DequantizeLinear":
-            problems += [f"{n.name}: feeds {c.op_type} '{c.name}', which TensorRT should run in float"
-                         for c in consumers if c.op_type in self.FLOAT_CONSUMERS]
-            if not is_const(n.inputs[0]) and len(consumers) != 1:
-                problems.append(f"{n.name}: a DequantizeLinear shared by several consumers (TensorRT wants dedicated pairs)")
-        elif len(consumers) != 1:
-            problems.append(f"{n.name}: a QuantizeLinear with several consumers")
-        return problems
-
     def write_artifacts(self, work_dir: Path, scales: dict[str, float], method: str) -> dict[str, Path]:
         """TensorRT's legacy calibration cache (``calibration.cache``) beside the scale table."""
         from ..calibration.table import write_trt_cache
@@ -292,13 +260,6 @@ class NpuTarget(QuantTarget):
     force_per_tensor = True
     dedicated_pairs = False
     forbid_float16 = True
-
-    def _check_qdq(self, n: ir.Node) -> list[str]:
-        problems = super()._check_qdq(n)
-        scale = const_array(n.inputs[1])
-        if scale is not None and scale.size > 1:
-            problems.append(f"{n.name}: per-channel quantization on a per-tensor target")
-        return problems
 
 
 class CpuTarget(QuantTarget):
@@ -330,7 +291,7 @@ def get_target(recipe: Recipe) -> QuantTarget:
     return TARGETS[TargetKind(recipe.target)](recipe.quantization)
 
 
-def check_placement(model: ir.Model | str | Path, target: str | TargetKind) -> list[str]:
+def check_placement(model: ir.Model | str | Path, target: str | TargetKind) -> list[Violation]:
     """Rule violations of a Q/DQ model (an ``ir.Model`` or a file) for ``target``'s runtime."""
     from ..graph.files import load_model
 

@@ -21,8 +21,8 @@ def engine_script(int8: Path, recipe: Recipe) -> Path:
 
 
 class BuildEngineStage:
-    """The Q/DQ model → a TensorRT engine (``quantization.strongly_typed`` picks TensorRT 10's
-    strongly typed build or TensorRT 8's ``--int8 --fp16``), gated with TensorRT itself.
+    """The Q/DQ model → a TensorRT engine through Polygraphy (``quantization.strongly_typed`` picks
+    TensorRT 10's strongly typed build or TensorRT 8's ``--int8 --fp16``), gated with TensorRT itself.
 
     Never resumed: an engine belongs to the GPU and TensorRT version that built it.
     """
@@ -37,10 +37,12 @@ class BuildEngineStage:
         return None
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..engines import tensorrt_available
+        from ..engines import tensorrt_missing
 
-        if not tensorrt_available():
-            raise StageSkipped(f"TensorRT or a GPU is not available here; {ENGINE_SCRIPT} holds the trtexec command")
+        missing = tensorrt_missing()
+        if missing:
+            raise StageSkipped(f"TensorRT or a GPU is not available here (missing: {', '.join(missing)}); "
+                               f"{ENGINE_SCRIPT} holds the trtexec command")
         return _build(ctx)  # pragma: no cover - needs TensorRT and a GPU
 
     def runner(self, ctx: RunContext, out: StageOutput):  # pragma: no cover - needs TensorRT and a GPU

@@ -1,0 +1,101 @@
+"""The one checker: the ONNX checker, the recipe's contract, then its target's rules.
+
+The export's contract step (``simplify_onnx``), the quantizer's check of what it wrote
+(``QuantTarget.validate``) and ``vitexport check`` all run these rules; only what they are given
+differs (a proto already in memory, a target without a recipe, a file).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from ..graph.files import load_model
+from ..recipe import RECIPES_DIR, Recipe
+from .contract import contract_violations
+from .target_rules import target_rules
+from .violation import CheckResult, Violation
+
+__all__ = ["run_checker", "model_violations", "check_model", "check_file", "recipe_label", "rules_checked"]
+
+
+def recipe_label(recipe: Recipe, recipe_path: str | Path | None = None) -> str:
+    """``recipes/npu.yaml`` for a shipped recipe, the given path, or ``recipe 'name'``."""
+    if recipe_path is not None:
+        return str(recipe_path)
+    shipped = RECIPES_DIR / f"{recipe.name}.yaml"
+    if shipped.is_file():
+        return f"{RECIPES_DIR.name}/{shipped.name}"
+    return f"recipe '{recipe.name}'"
+
+
+def run_checker(model: onnx.ModelProto | str | Path) -> list[Violation]:
+    """The ONNX checker with full shape inference, as a violation list.
+
+    Args:
+        model: a proto, or a file (read by onnx itself: external data and files over 2 GB work).
+    """
+    try:
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return [Violation("onnx.checker", "the graph", f"fails the ONNX checker ({first})",
+                          "the exporter, a pass or an editor wrote an invalid graph; fix the node it names")]
+    return []
+
+
+def _contract_rules(recipe: Recipe) -> tuple[str, ...]:
+    c = recipe.contract
+    keys = ["max_opset", "static_shapes" if c.static_shapes else "", "allowed_domains",
+            "forbidden_ops" if c.forbidden_ops else "", "allowed_ops" if c.allowed_ops is not None else "",
+            "forbid_float16" if c.forbid_float16 else ""]
+    return tuple(f"contract.{k}" for k in keys if k)
+
+
+def _skipped(recipe: Recipe) -> set[str]:
+    # the npu's own float16 rule is the recipe's when the recipe states it: report it once, by its key
+    return {"npu.float16"} if recipe.contract.forbid_float16 else set()
+
+
+def rules_checked(recipe: Recipe) -> tuple[str, ...]:
+    """The rule ids a check of ``recipe`` runs, in order."""
+    rules = target_rules(recipe.target, recipe.quantization).RULES
+    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(recipe)))
+
+
+def model_violations(model: ir.Model, recipe: Recipe) -> list[Violation]:
+    """The contract's violations, then the target's (the ONNX checker is not run here)."""
+    rules = target_rules(recipe.target, recipe.quantization)
+    return contract_violations(model, recipe.contract) + rules.violations(model, skip=_skipped(recipe))
+
+
+def check_model(model: ir.Model, recipe: Recipe, *, artifact: str = "model",
+                recipe_path: str | Path | None = None, checker: list[Violation] | None = None) -> CheckResult:
+    """Every rule of ``recipe`` on an in-memory model.
+
+    Args:
+        model: the graph.
+        recipe: the contract and the target whose rules apply.
+        artifact: how to name the model in messages.
+        recipe_path: how to name the recipe (default ``recipes/<name>.yaml`` for a shipped one).
+        checker: the ONNX checker's verdict when the caller ran it (on a proto it holds); None
+            runs it on ``model``.
+    Returns:
+        A :class:`CheckResult` (true when nothing is broken).
+    """
+    if checker is None:
+        checker = run_checker(ir.to_proto(model))
+    return CheckResult(artifact, recipe_label(recipe, recipe_path), recipe.target.value, rules_checked(recipe),
+                       checker + model_violations(model, recipe))
+
+
+def check_file(path: str | Path, recipe: Recipe, *, recipe_path: str | Path | None = None) -> CheckResult:
+    """Every rule of ``recipe`` on the ONNX file ``path`` (its ``.data`` file read where needed).
+
+    Raises:
+        BadInput: ``path`` is missing or is not an ONNX model.
+    """
+    path = Path(path)
+    model = load_model(path)
+    return check_model(model, recipe, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path))
