@@ -63,6 +63,11 @@ def test_manifest_has_versions_recipe_hashes_and_times(demo_run):
         assert len(man["artifacts"][name]["sha256"]) == 64
     assert all(v["seconds"] >= 0 for v in man["stages"].values())
     assert set(ORDER[:6]) <= set(man["stages"])
+    # what the Orin engine will run, known without a GPU: INT8 GEMMs, float parts in FP16
+    prec = man["precision"]
+    assert prec["high_precision"] == "fp16" and 0 < prec["int8_gemm_macs_share"] <= 1
+    assert prec["fp16_bytes"] > prec["fp32_bytes"]
+    assert "engine will run" in (out / "parity.md").read_text()
 
 
 def test_no_temp_files_left(demo_run):

@@ -273,6 +273,8 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "process_peak_rss_bytes": process_peak_bytes(),
         "skipped_stages": list(run.skipped),
         "resumed_stages": list(arts.resumed),
+        # what the INT8 engine will run (INT8 share of GEMM MACs, FP16 / FP32 bytes, FP32 islands)
+        "precision": next((s.details["quantize"].get("precision") for s in run.stages if "quantize" in s.details), None),
         "artifacts": {
             name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for name, p in sorted(arts.files.items())

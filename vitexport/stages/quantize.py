@@ -41,7 +41,7 @@ class QuantizeStage:
 
         r, fp32, int8 = ctx.recipe, ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
         q = quantize_int8(fp32, int8, ctx.calib, r, ctx.out_dir)
-        notes = [*q.notes, *_predicted(q), _target(r).arithmetic]
+        notes = [*q.notes, *_predicted(q), *_precision(q), _target(r).arithmetic]
         files = {**model_files(int8), **{n: ctx.out_dir / n for n in CALIBRATION_FILES if (ctx.out_dir / n).is_file()}}
         for write in self.artifacts:
             path = Path(write(int8, r))
@@ -62,6 +62,20 @@ def _target(recipe: Recipe):
     from ..quantize import get_target
 
     return get_target(recipe)
+
+
+def _precision(q) -> list[str]:
+    """What the engine will run, read off the written file (no GPU needed to know it)."""
+    p = q.precision
+    if not p:
+        return []
+    islands = p.get("fp32_islands") or {}
+    line = (f"the engine will run {p['int8_gemm_macs_share']:.1%} of GEMM/Conv multiply-accumulates in INT8; "
+            f"float parts in {p['high_precision'].upper()}: {p['fp16_bytes'] / 2**20:.1f} MB of FP16 and "
+            f"{p['fp32_bytes'] / 2**20:.1f} MB of FP32 tensors")
+    if islands:
+        line += f"; {len(islands)} node(s) kept in FP32 ({'; '.join(f'{k}: {v}' for k, v in list(islands.items())[:3])})"
+    return [line]
 
 
 def _predicted(q) -> list[str]:
