@@ -51,6 +51,7 @@ class Bench:
         if resume and self.path.is_file():
             self.records = json.loads(self.path.read_text())
         self.started = time.time()
+        self.vx_overrides: tuple[str, ...] = ()  # legacy plan: extra recipe overrides for every vitexport run
 
     # --- records ---------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -108,6 +109,8 @@ class Bench:
         rid = f"vx|{model}|{target}|{method}|{n}"
         args = {"uri": prep["uri"], "weights": prep["weights"], "calib": prep["calib"], "heldout": prep["heldout"],
                 "out": str(out), "target": target, "method": method, "num_samples": n, "resume": base is not None}
+        if self.vx_overrides:
+            args["overrides"] = list(self.vx_overrides)
         if self._will_run(rid, args):
             shutil.rmtree(out, ignore_errors=True)  # a fresh run: nothing of an earlier one is reused
             if base is not None:
@@ -240,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-cap-gb", type=float, default=None, help="kill a measurement above this resident memory")
     ap.add_argument("--timeout-s", type=float, default=None, help="kill a measurement after this long (default: the plan's)")
     ap.add_argument("--resume", action="store_true", help="keep good records of an earlier run, re-measure the rest")
+    ap.add_argument("--vx-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="legacy: a recipe override for every vitexport run (e.g. quantization.high_precision=fp32)")
     ap.add_argument("--render-only", action="store_true", help="re-render the report from the stored records")
     a = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the running child (its own process group) is killed too.
@@ -274,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         bench: Bench = CaseBench(plan, work, cap_gb, resume=resume, paths=paths, latency=not a.no_latency)
     else:
         bench = Bench(plan, work, cap_gb, resume=resume)
+        bench.vx_overrides = tuple(a.vx_set)
     info = machine_info()
     if not a.render_only:
         t0 = time.perf_counter()
