@@ -25,12 +25,12 @@ import torch
 from . import __version__
 from .calibration import SampleSet
 from .io import atomic_write_json, display_path, sha256_file
-from .memory import PeakMeter, process_peak_bytes, resident_bytes
+from .memory import PeakMeter, bound_heap, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .sources import LoadedModel
-from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages
+from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
 
 _log = logging.getLogger("vitexport.pipeline")
 
@@ -170,6 +170,7 @@ def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: Sampl
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    bound_heap()  # freed activation buffers go back to the OS (see vitexport.memory)
     batch = next(iter(model.example_inputs.values())).shape[0]
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
@@ -211,6 +212,7 @@ def _execute(stage: Stage, ctx: RunContext) -> tuple[StageResult, dict[str, Path
     t0 = time.perf_counter()
     out = stage.run(ctx)
     seconds = time.perf_counter() - t0
+    trim_memory()  # the stage's working set is garbage now: its parity check runs without it
     with stage.runner(ctx, out) as runner:
         res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
                           seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)

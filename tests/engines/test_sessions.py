@@ -48,3 +48,33 @@ def test_configs_reach_onnx_runtime(tmp_path):
     timing = Session(path, TIMING)
     assert timing.weights == {}  # a timed session reads the file itself: pre-packed constant weights
     assert timing.session.get_session_options().intra_op_num_threads == 2
+
+
+def _qdq_model() -> ir.Model:
+    """x → MatMul(DequantizeLinear(int8 weight)): the weight is a quantized constant."""
+    rng = np.random.default_rng(2)
+    q = rng.integers(-127, 128, (256, 256), dtype=np.int8)  # 64 KB of int8: not a float weight to feed
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "s"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["output"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 256])],
+        [numpy_helper.from_array(q, "q"), numpy_helper.from_array(np.float32(0.01), "s")],
+    )
+    return ir.from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_in_memory_model_with_large_constants_goes_through_a_file(tmp_path, monkeypatch):
+    import vitexport.engines.sessions as sessions
+
+    model = _qdq_model()
+    x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)
+    small = Session(model, QDQ_AS_FLOAT).run(None, {"x": x})[0]  # serialised: below the threshold
+    monkeypatch.setattr(sessions, "_FILE_MIN_BYTES", 1024)
+    monkeypatch.setattr(sessions.tempfile, "tempdir", str(tmp_path))
+    sess = Session(model, QDQ_AS_FLOAT)
+    assert sess.weights == {}  # the int8 weight stays a constant: ONNX Runtime folds its dequantization
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], small)
+    np.testing.assert_allclose(small, x @ (model.graph.initializers["q"].const_value.numpy() * np.float32(0.01)),
+                               rtol=1e-5, atol=1e-4)
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone once the session holds the model
+    assert model.graph.initializers["q"].const_value is not None  # the model is untouched

@@ -19,6 +19,7 @@ from ..engines.sessions import LOW_MEMORY
 from ..errors import BadInput, ContractViolation
 from ..graph.files import artifact_files, load_model, save_model
 from ..io import sha256_file
+from ..memory import bound_heap
 from ..parity.metrics import CompareResult
 from ..recipe import Recipe
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
@@ -184,6 +185,7 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     Raises:
         BadInput: unreadable model, calibration data that does not fit the model.
     """
+    bound_heap()
     fp32_path, out_path, work_dir = Path(fp32_path), Path(out_path), Path(work_dir)
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
