@@ -107,6 +107,7 @@ MMAP_THRESHOLD_BYTES = 1 << 20
 #: glibc's own ceiling for its dynamic threshold: buffers below it are recycled inside the heap
 POOLED_THRESHOLD_BYTES = 32 << 20
 _heap_bounded = False
+_pool_depth = 0  # nested pooled_heap() blocks
 
 
 def _mmap_threshold(nbytes: int) -> bool:
@@ -134,14 +135,20 @@ def bound_heap() -> None:
 @contextlib.contextmanager
 def pooled_heap() -> Iterator[None]:
     """Inside, large buffers are recycled within the heap (calibration fetches hundreds of
-    activation-sized outputs per run: a mapping each costs it a third of its time); on exit the
-    heap is trimmed and bounded again. A no-op unless :func:`bound_heap` was called."""
+    activation-sized outputs per run and its searches make many row-sized temporaries: a mapping
+    each costs it a third of its time); on leaving the outermost block the heap is trimmed and
+    bounded again. A no-op unless :func:`bound_heap` was called."""
+    global _pool_depth
     if not _heap_bounded:
         yield
         return
-    _mmap_threshold(POOLED_THRESHOLD_BYTES)
+    if _pool_depth == 0:
+        _mmap_threshold(POOLED_THRESHOLD_BYTES)
+    _pool_depth += 1
     try:
         yield
     finally:
-        _mmap_threshold(MMAP_THRESHOLD_BYTES)
-        release_memory()
+        _pool_depth -= 1
+        if _pool_depth == 0:
+            _mmap_threshold(MMAP_THRESHOLD_BYTES)
+            release_memory()

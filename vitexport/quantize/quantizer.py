@@ -19,7 +19,7 @@ from ..engines.sessions import LOW_MEMORY
 from ..errors import BadInput, ContractViolation
 from ..graph.files import artifact_files, load_model, save_model
 from ..io import sha256_file
-from ..memory import bound_heap
+from ..memory import bound_heap, pooled_heap
 from ..parity.metrics import CompareResult
 from ..recipe import Recipe
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
@@ -106,9 +106,10 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     path = work_dir / "calibration.json"
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
     if res is None:
-        res = calibrate(model, target, plan, calib, recipe)
-        if target.high_precision() == "fp16" and res.plan.nodes:
-            res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
+        with pooled_heap():  # calibration's buffers are recycled; the fallback after it runs bounded
+            res = calibrate(model, target, plan, calib, recipe)
+            if target.high_precision() == "fp16" and res.plan.nodes:
+                res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
