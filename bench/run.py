@@ -222,6 +222,20 @@ def _select(plan, wanted: str | None, known: dict, ap: argparse.ArgumentParser):
     return type(plan)(**{**plan.__dict__, field: tuple(names)})
 
 
+#: a report's tail from this line on is kept when the report is rendered again: figures another
+#: run measured (issue 13's old-versus-new comparison of the redesign), written by hand
+KEPT = "<!-- kept across runs: everything below is written by hand -->"
+
+
+def kept_tail(path: Path) -> str:
+    """The hand-written tail of the report at ``path`` (from :data:`KEPT` on), or ``""``."""
+    if not path.is_file():
+        return ""
+    text = path.read_text()
+    i = text.find(KEPT)
+    return "" if i < 0 else "\n" + text[i:]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: see ``--help`` and ``bench/README.md``."""
     from .cases import CASES
@@ -303,12 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         caps = [r.get("cap_bytes") for r in bench.records.values() if isinstance(r, dict) and r.get("cap_bytes")]
         cap_gb = info.pop("cap_gb", None) or (round(max(caps) / GB, 1) if caps else cap_gb)
     out.parent.mkdir(parents=True, exist_ok=True)
+    kept = kept_tail(out)
     if peers:
         from .report_cases import render_cases
 
-        out.write_text(render_cases(whole, bench.records, info, cap_gb))
+        out.write_text(render_cases(whole, bench.records, info, cap_gb) + kept)
     else:
-        out.write_text(render(whole, bench.records, info, cap_gb))
+        out.write_text(render(whole, bench.records, info, cap_gb) + kept)
     print(f"wrote {out}")
     return 0
 

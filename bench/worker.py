@@ -83,6 +83,13 @@ def task_calib_subset(a: dict) -> dict:
     return {"path": str(out), "digest": file_digest(out)}
 
 
+def _model_bytes(path: str) -> int:
+    """What an ONNX model occupies on disk: the ``.onnx`` and its external ``.data`` if it has one."""
+    from vitexport.graph.files import artifact_files
+
+    return sum(p.stat().st_size for p in artifact_files(path))
+
+
 def task_vitexport(a: dict) -> dict:
     """``vitexport.api.export`` with a calibration method and sample count.
 
@@ -281,7 +288,7 @@ def task_latency(a: dict) -> dict:
     for label, ts in times.items():
         ms = np.array(ts) * 1e3
         out[label] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-                      "p90_ms": float(np.percentile(ms, 90)), "runs": len(ts), "bytes": Path(a["models"][label]).stat().st_size}
+                      "p90_ms": float(np.percentile(ms, 90)), "runs": len(ts), "bytes": _model_bytes(a["models"][label])}
     out.update(failed)
     return {"latency": out}
 

@@ -4,6 +4,9 @@ The kernel keeps one high-water mark per process (``VmHWM``); writing ``5`` to
 ``/proc/self/clear_refs`` resets it. :class:`PeakMeter` resets it at a stage's start and reads it at
 the end, so each stage gets its own peak, and remembers every reading, so :func:`process_peak_bytes`
 still answers for the whole process after any number of resets.
+
+Keeping it low: :func:`release_memory` hands freed heap pages back (``malloc_trim``), and inside
+:func:`bounded_heap` large buffers are returned to the OS as soon as they are freed.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import contextlib
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["PeakMeter", "process_peak_bytes", "resident_bytes", "release_memory", "bound_heap", "pooled_heap"]
+__all__ = ["PeakMeter", "process_peak_bytes", "resident_bytes", "release_memory", "bounded_heap"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -102,12 +105,10 @@ def release_memory() -> None:
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-#: allocations from this size on get their own mapping, returned to the OS when freed
+#: inside :func:`bounded_heap`, allocations from this size on get their own mapping
 MMAP_THRESHOLD_BYTES = 1 << 20
 #: glibc's own ceiling for its dynamic threshold: buffers below it are recycled inside the heap
 POOLED_THRESHOLD_BYTES = 32 << 20
-_heap_bounded = False
-_pool_depth = 0  # nested pooled_heap() blocks
 
 
 def _mmap_threshold(nbytes: int) -> bool:
@@ -119,36 +120,22 @@ def _mmap_threshold(nbytes: int) -> bool:
         return False
 
 
-def bound_heap() -> None:
-    """Fix glibc's mmap threshold at 1 MiB (idempotent; no-op elsewhere).
-
-    glibc raises the threshold after each large free (up to 32 MiB), after which activation-sized
-    buffers come from the heap and stay there: a ViT-B/16 fallback evaluation that runs a float and
-    a Q/DQ session one after the other kept ~0.35 GB it no longer used. Fixed, a buffer of 1 MiB or
-    more is its own mapping and goes back to the OS when ONNX Runtime or numpy frees it.
-    """
-    global _heap_bounded
-    if not _heap_bounded:
-        _heap_bounded = _mmap_threshold(MMAP_THRESHOLD_BYTES)
-
-
 @contextlib.contextmanager
-def pooled_heap() -> Iterator[None]:
-    """Inside, large buffers are recycled within the heap (calibration fetches hundreds of
-    activation-sized outputs per run and its searches make many row-sized temporaries: a mapping
-    each costs it a third of its time); on leaving the outermost block the heap is trimmed and
-    bounded again. A no-op unless :func:`bound_heap` was called."""
-    global _pool_depth
-    if not _heap_bounded:
-        yield
-        return
-    if _pool_depth == 0:
-        _mmap_threshold(POOLED_THRESHOLD_BYTES)
-    _pool_depth += 1
+def bounded_heap() -> Iterator[None]:
+    """Inside, a buffer of 1 MiB or more is its own mapping, handed back to the OS when freed; on
+    exit buffers are recycled within the heap again (glibc's 32 MiB ceiling) and the heap is trimmed.
+    No-op where glibc's ``mallopt`` is missing.
+
+    For phases that open session after session on a large model: glibc raises its threshold after
+    each large free, after which activation-sized buffers come from the heap and stay there (a
+    ViT-B/16 fallback evaluation, a float then a Q/DQ session, kept ~0.35 GB it no longer used).
+    Not for a whole run: torch's exporter and onnxsim make many weight-sized temporaries, and a
+    mapping each makes them 1.7x slower.
+    """
+    bounded = _mmap_threshold(MMAP_THRESHOLD_BYTES)
     try:
         yield
     finally:
-        _pool_depth -= 1
-        if _pool_depth == 0:
-            _mmap_threshold(MMAP_THRESHOLD_BYTES)
+        if bounded:
+            _mmap_threshold(POOLED_THRESHOLD_BYTES)
             release_memory()

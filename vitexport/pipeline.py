@@ -25,7 +25,7 @@ import torch
 from . import __version__
 from .calibration import SampleSet
 from .io import atomic_write_json, display_path, sha256_file
-from .memory import PeakMeter, bound_heap, process_peak_bytes, resident_bytes
+from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
@@ -170,7 +170,6 @@ def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: Sampl
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    bound_heap()  # freed activation buffers go back to the OS (see vitexport.memory)
     batch = next(iter(model.example_inputs.values())).shape[0]
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.

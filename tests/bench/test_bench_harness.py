@@ -89,3 +89,15 @@ def test_latency_times_every_file_the_asked_number_of_times(tmp_path):
     lat = res.data["latency"]
     assert set(lat) == {"a", "b"} and all(v["runs"] == 7 for v in lat.values())
     assert all(0 < v["p10_ms"] <= v["median_ms"] <= v["p90_ms"] for v in lat.values())
+
+
+def test_a_reports_hand_written_tail_survives_rendering_again(tmp_path):
+    from bench.run import KEPT, kept_tail
+
+    report = tmp_path / "results.md"
+    assert kept_tail(report) == ""  # no report yet
+    report.write_text("# generated\n\n| a | b |\n")
+    assert kept_tail(report) == ""  # nothing marked as kept
+    report.write_text(f"# generated\n\nold table\n{KEPT}\n\n## Redesign check\n\nfigures\n")
+    tail = kept_tail(report)
+    assert tail.startswith(f"\n{KEPT}") and tail.endswith("figures\n") and "old table" not in tail

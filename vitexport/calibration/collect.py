@@ -15,7 +15,6 @@ import onnx_ir as ir
 from ..engines.sessions import LOW_MEMORY, Session
 from ..errors import BadInput
 from ..graph.query import static_shape
-from ..memory import pooled_heap
 from .data import SampleSet
 from .feeds import FeedSet
 from .progress import progress
@@ -107,7 +106,7 @@ def collect(
     feeds = FeedSet.for_model(samples, model, batch_size)
     chunks = _chunks(names, _batch_bytes(model, names), budget_bytes)
     config = LOW_MEMORY.replace(threads=threads)
-    with progress(description, feeds.num_batches * len(chunks)) as bar, pooled_heap():
+    with progress(description, feeds.num_batches * len(chunks)) as bar:
         for chunk in chunks:
             sess = Session(model, config, outputs=chunk)
             for feed in feeds:

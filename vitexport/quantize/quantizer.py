@@ -19,7 +19,7 @@ from ..engines.sessions import LOW_MEMORY
 from ..errors import BadInput, ContractViolation
 from ..graph.files import artifact_files, load_model, save_model
 from ..io import sha256_file
-from ..memory import bound_heap, pooled_heap
+from ..memory import bounded_heap
 from ..parity.metrics import CompareResult
 from ..recipe import Recipe
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
@@ -106,10 +106,9 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     path = work_dir / "calibration.json"
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
     if res is None:
-        with pooled_heap():  # calibration's buffers are recycled; the fallback after it runs bounded
-            res = calibrate(model, target, plan, calib, recipe)
-            if target.high_precision() == "fp16" and res.plan.nodes:
-                res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
+        res = calibrate(model, target, plan, calib, recipe)
+        if target.high_precision() == "fp16" and res.plan.nodes:
+            res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
@@ -186,7 +185,6 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     Raises:
         BadInput: unreadable model, calibration data that does not fit the model.
     """
-    bound_heap()
     fp32_path, out_path, work_dir = Path(fp32_path), Path(out_path), Path(work_dir)
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
@@ -206,7 +204,8 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     build = _Builder(model, ranges, WeightCache(bias=res.table.bias), res.table.float_ranges if fp16 else None)
     qdq = build(plan)
     if select is not None and plan.nodes:
-        qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report)
+        with bounded_heap():  # a float and Q/DQ sessions one after the other: hand their buffers back
+            qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report)
     report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
                         "fp32_islands": dict(build.islands)}
     _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)
