@@ -165,3 +165,35 @@ def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_pat
     off = run_pipeline(model, recipe, tmp_path / "off", calib=calib, parity_data=parity,
                        stages=pipeline_stages(recipe, Contribution(stages=(_FloatQdqEngine(),))))
     assert off.parity.skipped == [StageName.build_engine] and off.resumed == []
+
+
+@pytest.mark.slow
+def test_an_outlier_planted_in_the_parity_data_does_not_change_the_fallbacks_choice(tiny_vit_file, tmp_path):
+    """The fallback chooses its float layers on held-out calibration samples: parity data that the
+    gate then scores, however wild, cannot move that choice."""
+    from vitexport.calibration.data import NpzSamples
+
+    strict = ("quantization.equalize=false", "quantization.fallback.max_float_layers=4",
+              "parity.quantize_int8.cosine_min=0.99999")  # no INT8 model meets it: the fallback acts
+
+    def chosen(parity_of) -> list[str]:
+        model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "orin",
+                                                  overrides=(*FAST, *strict))
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        try:
+            run_pipeline(model, recipe, out, calib=calib, parity_data=parity_of(parity), keep_source=False)
+        except ParityFailure:
+            pass  # the strict gate may fail on the written file; the choice is what is compared
+        q = _stages(out)["quantize_int8"]["details"]["quantize"]
+        return [f["node"] for f in q["float_fallback"]]
+
+    def planted(parity):
+        arrays = {k: np.concatenate([b[k] for b in parity.batches(len(parity))]) for k in parity.input_names}
+        first = next(iter(arrays))
+        arrays[first] = arrays[first].copy()
+        arrays[first][0] *= 50.0  # one wild sample, seen only by the gate
+        return NpzSamples(arrays=arrays, labels=parity.labels, source="planted")
+
+    clean = chosen(lambda p: p)
+    assert clean, "the strict budget should make the fallback keep layers in float"
+    assert chosen(planted) == clean
