@@ -1,4 +1,5 @@
-"""The one checker: the ONNX checker, the recipe's contract, then its target's rules.
+"""The one checker: the ONNX checker, the recipe's contract, then its target's rules; ``vitexport
+check`` adds the lint (:mod:`.lint`, warnings and errors by its grading rule).
 
 The export's contract step (``simplify_onnx``), the quantizer's check of what it wrote
 (``QuantTarget.validate``) and ``vitexport check`` all run these rules; only what they are given
@@ -14,6 +15,7 @@ import onnx_ir as ir
 from ..graph.files import load_model
 from ..recipe import RECIPES_DIR, Recipe
 from .contract import contract_violations
+from .lint import LINT_RULES, lint_model, value_info_names
 from .target_rules import target_rules
 from .violation import CheckResult, Violation
 
@@ -59,9 +61,9 @@ def _skipped(recipe: Recipe) -> set[str]:
 
 
 def rules_checked(recipe: Recipe) -> tuple[str, ...]:
-    """The rule ids a check of ``recipe`` runs, in order."""
+    """The rule ids a check of ``recipe`` runs, in order (the lint's last)."""
     rules = target_rules(recipe.target, recipe.quantization).RULES
-    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(recipe)))
+    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(recipe)), *LINT_RULES)
 
 
 def model_violations(model: ir.Model, recipe: Recipe) -> list[Violation]:
@@ -71,8 +73,9 @@ def model_violations(model: ir.Model, recipe: Recipe) -> list[Violation]:
 
 
 def check_model(model: ir.Model, recipe: Recipe, *, artifact: str = "model",
-                recipe_path: str | Path | None = None, checker: list[Violation] | None = None) -> CheckResult:
-    """Every rule of ``recipe`` on an in-memory model.
+                recipe_path: str | Path | None = None, checker: list[Violation] | None = None,
+                value_info: list[str] | tuple[str, ...] = ()) -> CheckResult:
+    """Every rule of ``recipe`` on an in-memory model, then the lint.
 
     Args:
         model: the graph.
@@ -81,13 +84,14 @@ def check_model(model: ir.Model, recipe: Recipe, *, artifact: str = "model",
         recipe_path: how to name the recipe (default ``recipes/<name>.yaml`` for a shipped one).
         checker: the ONNX checker's verdict when the caller ran it (on a proto it holds); None
             runs it on ``model``.
+        value_info: the file's ``value_info`` names, for the dead-entry lint.
     Returns:
         A :class:`CheckResult` (true when nothing is broken).
     """
     if checker is None:
         checker = run_checker(ir.to_proto(model))
     return CheckResult(artifact, recipe_label(recipe, recipe_path), recipe.target.value, rules_checked(recipe),
-                       checker + model_violations(model, recipe))
+                       checker + model_violations(model, recipe) + lint_model(model, value_info=value_info))
 
 
 def check_file(path: str | Path, recipe: Recipe, *, recipe_path: str | Path | None = None) -> CheckResult:
@@ -98,4 +102,5 @@ def check_file(path: str | Path, recipe: Recipe, *, recipe_path: str | Path | No
     """
     path = Path(path)
     model = load_model(path)
-    return check_model(model, recipe, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path))
+    return check_model(model, recipe, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path),
+                       value_info=value_info_names(path))
