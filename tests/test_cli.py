@@ -52,7 +52,7 @@ def test_parity_json_schema(demo_run):
     assert by["freeze_layernorm"]["changed"] == 9
     assert by["mask_to_where"]["changed"] == 4
     assert by["fuse_qkv"]["changed"] == 4
-    assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.02
+    assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.003
 
 
 def test_manifest_has_versions_recipe_hashes_and_times(demo_run):
