@@ -7,7 +7,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_census import assert_clean, census
+from onnx_census import census
 
 from vitexport.graph import load_model, save_model
 from vitexport.graph.clean import clean_model

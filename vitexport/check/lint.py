@@ -51,7 +51,7 @@ from ..graph.query import PASS_THROUGH_OPS, attr, const_array, producer_through
 from .contract import all_nodes
 from .violation import Severity, Violation, node_label
 
-__all__ = ["LINT_RULES", "lint_model", "value_info_names", "live_nodes", "PROTOBUF_LIMIT"]
+__all__ = ["LINT_RULES", "lint_model", "value_info_names", "liveness", "PROTOBUF_LIMIT"]
 
 W, E = Severity.warning, Severity.error
 #: every lint rule and its severity (the table in the module docstring and the README)
@@ -71,7 +71,7 @@ def _lint(rule: str, subject: str, problem: str, hint: str, node: ir.Node | None
                      LINT_RULES[rule])
 
 
-def live_nodes(graph: ir.Graph) -> tuple[set[ir.Node], set[ir.Value]]:
+def liveness(graph: ir.Graph) -> tuple[set[ir.Node], set[ir.Value]]:
     """The main graph's nodes that some graph output depends on, and every value they read (an If /
     Loop body's reads of the outer graph included)."""
     live: set[ir.Node] = set()
@@ -95,13 +95,13 @@ def live_nodes(graph: ir.Graph) -> tuple[set[ir.Node], set[ir.Value]]:
 
 def _dead(model: ir.Model, value_info: Iterable[str]) -> list[Violation]:
     g = model.graph
-    (live, read), outputs = live_nodes(g), set(g.outputs)
+    (live, read), outputs = liveness(g), set(g.outputs)
     out = [_lint("lint.dead_node", node_label(n), "reaches no graph output", _DEAD_HINT, n) for n in g if n not in live]
     inputs = set(g.inputs)
     out += [_lint("lint.unused_initializer", f"initializer '{v.name}'", "is read by no node that reaches an output",
                   _DEAD_HINT + "; ONNX Runtime warns about each such tensor when it loads the file")
             for v in g.initializers.values() if v not in inputs and v not in read and v not in outputs]
-    out += [_lint("lint.unused_input", f"input '{v.name}'", "is read by no node",
+    out += [_lint("lint.unused_input", f"input '{v.name}'", "is read by no node that reaches an output",
                   "users must still feed it: make the model read it, or drop it from the model's inputs "
                   "(vitexport keeps a model's inputs as its interface)")
             for v in g.inputs if v.name not in g.initializers and v not in read and v not in outputs]
