@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vitexport.api import prepare
-from vitexport.engines import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from vitexport.runners import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from vitexport.errors import ParityFailure
 from vitexport.io import sha256_file
 from vitexport.pipeline import STATE_FILE, run_pipeline

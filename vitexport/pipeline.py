@@ -174,7 +174,7 @@ def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: Sampl
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
     _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
-    from .engines import TorchRunner
+    from .runners import TorchRunner
 
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,

@@ -29,7 +29,7 @@ from parity_models import (
     tensors_by_pattern,
     tiny_vit,
 )
-from vitexport.engines import OnnxRuntimeRunner, TorchRunner
+from vitexport.runners import OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import ParityFailure
 from vitexport.parity import (
     ParityRun,

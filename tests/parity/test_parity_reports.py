@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from parity_models import swap_qk
-from vitexport.engines import OnnxRuntimeRunner, TorchRunner
+from vitexport.runners import OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import BadInput
 from vitexport.parity import (
     Check,

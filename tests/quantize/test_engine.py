@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from qcases import recipe
-from vitexport.engines import tensorrt_available
+from vitexport.runners import tensorrt_available
 from vitexport.errors import BadInput
 from vitexport.quantize import build_engine, quantize_int8, write_engine_script
 
@@ -58,7 +58,7 @@ def test_build_engine_without_tensorrt_is_a_clean_error(tmp_path):
 def test_build_engine_with_tensorrt(vit17, tmp_path):  # pragma: no cover - needs TensorRT
     import numpy as np
 
-    from vitexport.engines import TensorRTRunner
+    from vitexport.runners import TensorRTRunner
     from vitexport.parity.metrics import compute_metrics
 
     out = tmp_path / "model.int8.onnx"

@@ -9,8 +9,8 @@ import numpy as np
 from qcases import recipe
 from qgraph import dq_fed, load
 from vitexport.calibration.feeds import FeedSet, split_samples
-from vitexport.engines import OnnxRuntimeRunner
-from vitexport.engines.sessions import LOW_MEMORY, Session
+from vitexport.runners import OnnxRuntimeRunner
+from vitexport.runners.sessions import LOW_MEMORY, Session
 from vitexport.parity.metrics import compare
 from vitexport.quantize import get_target, quantize_int8
 

@@ -11,7 +11,7 @@ from qcases import recipe
 from qgraph import load
 from qmodels import export_onnx
 from vitexport.calibration import random_samples
-from vitexport.engines.sessions import QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.graph.query import opset_version
 from vitexport.parity.metrics import compute_metrics
 from vitexport.quantize import quantize_int8

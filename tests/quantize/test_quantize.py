@@ -13,7 +13,7 @@ from vitexport.calibration import NpzSamples
 from vitexport.calibration.table import read_trt_cache, scale_to_hex
 from vitexport.parity.metrics import compute_metrics
 from qgraph import consumers, load
-from vitexport.engines.sessions import Session
+from vitexport.runners.sessions import Session
 from vitexport.quantize import quantize_int8
 from vitexport.quantize.quantizer import prepare_model
 from vitexport.quantize.smooth import SmoothPass, compute_factors, find_sites

@@ -11,7 +11,7 @@ import torch
 from qcases import Case, recipe
 from qgraph import load
 from qmodels import export_onnx
-from vitexport.engines.sessions import QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.parity.metrics import compute_metrics
 from vitexport.quantize import quantize_int8
 from vitexport.quantize.quantizer import prepare_model

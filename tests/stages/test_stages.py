@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vitexport.engines import tensorrt_available
+from vitexport.runners import tensorrt_available
 from vitexport.recipe import PASS_STAGES, StageName, available_recipes, load_recipe
 from vitexport.stages import (
     TENSORRT,

@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 import onnx_ir as ir
 
-from ..engines.sessions import LOW_MEMORY, Session
+from ..runners.sessions import LOW_MEMORY, Session
 from ..errors import BadInput
 from ..graph.query import static_shape
 from .data import SampleSet

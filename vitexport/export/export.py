@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..engines.torch_runner import primary_output
+from ..runners.torch_runner import primary_output
 from ..errors import BadInput
 from ..io import atomic_path
 from ..recipe import ContractSpec, Exporter, ExportSpec

@@ -11,8 +11,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from ..engines.ort_runner import OnnxRuntimeRunner
-from ..engines.torch_runner import TorchRunner
+from ..runners.ort_runner import OnnxRuntimeRunner
+from ..runners.torch_runner import TorchRunner
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
 

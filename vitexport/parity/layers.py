@@ -393,7 +393,7 @@ class OnnxLayerProbe:
         return list(self.tensors)
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        from ..engines.ort_runner import OnnxRuntimeRunner
+        from ..runners.ort_runner import OnnxRuntimeRunner
 
         names = list(dict.fromkeys(self.tensors.values()))
         if not names:

@@ -57,7 +57,7 @@ _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOU
 
 
 def _session(model: ir.Model, outputs: list[str] | None = None):
-    from ..engines.sessions import Session, SessionConfig
+    from ..runners.sessions import Session, SessionConfig
 
     # no fusion: every node of the file must exist in the session for its output to be observed
     return Session(model, SessionConfig(optimization="disable"), outputs=outputs)
@@ -214,9 +214,9 @@ def locate_nonfinite(runner, feed: Mapping[str, np.ndarray]) -> str | None:
 
 def locate_nonfinite_source(runner, feed: Mapping[str, np.ndarray]) -> NonFiniteSource | None:
     """An ONNX node (ONNX Runtime / reference runners) or a torch module (TorchRunner)."""
-    from ..engines.ort_runner import OnnxRuntimeRunner
-    from ..engines.reference_runner import OnnxReferenceRunner
-    from ..engines.torch_runner import TorchRunner
+    from ..runners.ort_runner import OnnxRuntimeRunner
+    from ..runners.reference_runner import OnnxReferenceRunner
+    from ..runners.torch_runner import TorchRunner
 
     if isinstance(runner, (OnnxRuntimeRunner, OnnxReferenceRunner)):
         return find_nonfinite(runner.model, feed)

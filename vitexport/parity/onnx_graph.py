@@ -7,7 +7,7 @@ recover the module's qualified name (``model.blocks.0.attn.qkv``) from structure
 module's output tensor is the output of the last node (topological order) in its scope.
 
 The graph is an onnx-ir model (:mod:`vitexport.graph`); intermediate tensors are observed by asking
-the session for them as extra outputs (:class:`vitexport.engines.sessions.Session`), the file on
+the session for them as extra outputs (:class:`vitexport.runners.sessions.Session`), the file on
 disk is never touched.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engines.base import BaseRunner
+from ..runners.base import BaseRunner
 from ..errors import BadInput
 from ..recipe import Tolerance
 from .layers import LayerReport, localize_layers, localize_onnx
@@ -48,7 +48,7 @@ def _is_uri(spec: str) -> bool:
 
 
 def _open(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
-    from ..engines import OnnxRuntimeRunner, TensorRTRunner, TorchRunner, tensorrt_available
+    from ..runners import OnnxRuntimeRunner, TensorRTRunner, TorchRunner, tensorrt_available
 
     p = Path(spec)
     if p.suffix.lower() in _ONNX_SUFFIXES:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from ..engines.base import BaseRunner
+from ..runners.base import BaseRunner
 from ..errors import BadInput
 from ..io import atomic_path
 
@@ -137,7 +137,7 @@ def capture_reference(
     Call this before any pass or export touches the model.
 
     Args:
-        runner: usually a :class:`~vitexport.engines.TorchRunner` on the untouched module.
+        runner: usually a :class:`~vitexport.runners.TorchRunner` on the untouched module.
         samples_batches: the parity inputs, batch by batch (kept in the reference).
         labels: optional integer labels, one per sample.
         source: a description stored with the reference (``'untouched torch model <uri>'``).

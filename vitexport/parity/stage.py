@@ -17,7 +17,7 @@ from typing import Annotated, Any, Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import Field, model_serializer, model_validator
 
-from ..engines.base import BaseRunner
+from ..runners.base import BaseRunner
 from ..errors import ParityFailure
 from ..recipe import StageName, Tolerance
 from .data import Data, TolerancePlain, result

@@ -21,7 +21,7 @@ __all__ = ["latency_ms", "latency_ratio", "measure_calibration_memory", "peak_rs
 
 
 def _session(model: str | Path | bytes, threads: int):
-    from ..engines.sessions import TIMING, Session
+    from ..runners.sessions import TIMING, Session
 
     return Session(model, TIMING.replace(threads=threads))
 

@@ -84,7 +84,7 @@ def build_engine(int8_path: Path, engine_path: Path, *, strongly_typed: bool = T
         BadInput: TensorRT, Polygraphy or a GPU is missing, or TensorRT cannot parse / build the model.
     """
     # imported here: quantizing never needs the runners
-    from ..engines.trt_runner import require_tensorrt
+    from ..runners.trt_runner import require_tensorrt
 
     require_tensorrt("building a TensorRT engine")
     if not Path(int8_path).is_file():
@@ -97,7 +97,7 @@ def _build(int8_path: Path, engine_path: Path, strongly_typed: bool, workspace_m
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath
     from polygraphy.exception import PolygraphyException
 
-    from ..engines.trt_runner import polygraphy_error
+    from ..runners.trt_runner import polygraphy_error
 
     if strongly_typed and not hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         raise BadInput(f"TensorRT {trt.__version__} has no strongly typed build (TensorRT >= 9 has): "

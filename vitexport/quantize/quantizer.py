@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..calibration.data import SampleSet
 from ..calibration.feeds import FeedSet, split_samples
-from ..engines.sessions import LOW_MEMORY
+from ..runners.sessions import LOW_MEMORY
 from ..errors import BadInput, ContractViolation
 from ..graph.files import artifact_files, load_model, save_model
 from ..io import sha256_file

@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..check import Violation, float16_violations, target_rules
-from ..engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
+from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
 from ..graph.query import attr, is_const, static_shape
 from ..recipe import QuantizationSpec, Recipe, TargetKind
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec

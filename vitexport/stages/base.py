@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..calibration import SampleSet
-    from ..engines import BaseRunner
+    from ..runners import BaseRunner
     from ..parity import GoldenReference, LayerReport
     from ..sources import LoadedModel
 

@@ -37,7 +37,7 @@ class BuildEngineStage:
         return None
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..engines import tensorrt_missing
+        from ..runners import tensorrt_missing
 
         missing = tensorrt_missing()
         if missing:
@@ -46,7 +46,7 @@ class BuildEngineStage:
         return _build(ctx)  # pragma: no cover - needs TensorRT and a GPU
 
     def runner(self, ctx: RunContext, out: StageOutput):  # pragma: no cover - needs TensorRT and a GPU
-        from ..engines import TensorRTRunner
+        from ..runners import TensorRTRunner
 
         return TensorRTRunner(out.files[ENGINE_PLAN], name=self.name)
 

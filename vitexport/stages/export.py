@@ -36,7 +36,7 @@ class ExportStage:
                            details={"export": exp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
+        from ..runners import OnnxRuntimeRunner
 
         return OnnxRuntimeRunner(out.files[RAW_ONNX], name=self.name)
 
@@ -62,6 +62,6 @@ class SimplifyStage:
         return StageOutput(files=model_files(fp32), notes=list(simp.notes), details={"simplify": simp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
+        from ..runners import OnnxRuntimeRunner
 
         return OnnxRuntimeRunner(out.files[FP32_ONNX], name=self.name)

@@ -50,7 +50,7 @@ class QuantizeStage:
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
+        from ..runners import OnnxRuntimeRunner
 
         # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
         # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets - the same

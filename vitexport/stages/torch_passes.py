@@ -42,6 +42,6 @@ class PassStage:
         return StageOutput(notes=notes, details={"pass_report": report.to_dict()}, changed=report.changed)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import TorchRunner
+        from ..runners import TorchRunner
 
         return TorchRunner(ctx.module, ctx.model.example_inputs, name=self.name)
