@@ -301,8 +301,9 @@ class QuantizationSpec(_Spec):
                                   "attention needs it); false: only Q·Kᵀ is INT8, attn·V runs in the float type")
     fallback: FallbackSpec = FallbackSpec()
     measure_latency: bool = Field(
-        default=True, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio"
-    )
+        default=False, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio; "
+                                   "off by default: two more sessions and seconds per run, and host latency says "
+                                   "little about the target (make bench compares carefully)")
     strongly_typed: bool = Field(
         default=True, description="TensorRT 10 strongly typed build (--stronglyTyped); false: TensorRT 8 --int8 --fp16"
     )

@@ -9,10 +9,10 @@ import textwrap
 import onnx
 import pytest
 import torch
-from export_helpers import adapter, feeds, image, leftovers, op_counts, tiny_timm
+from export_helpers import adapter, feeds, image, leftovers, onnx_parity, op_counts, tiny_timm
 
 from vitexport.errors import BadInput
-from vitexport.export import export_onnx, onnx_parity, simplify_onnx
+from vitexport.export import export_onnx, simplify_onnx
 from vitexport.recipe import available_recipes, load_recipe
 
 
@@ -45,7 +45,7 @@ def test_every_recipe_exports_static_graph_with_parity(target, tmp_path):
         assert _static_dims(m) == [[2, 3, size, size], [2, 10]]
         # The pipeline gates with the recipe's tolerance; measure it here on other inputs than the example.
         res = onnx_parity(model, inputs, path, recipe.tolerance("export_onnx"), feeds(size))
-        assert res, res.first_failure
+        assert res, res.failed_check
     ops = op_counts(fp32)
     assert "Attention" not in ops and ops["Softmax"] == 2  # explicit attention, one per block
     assert ("LayerNormalization" in ops) != recipe.export.decompose_layernorm
@@ -62,7 +62,7 @@ def test_eva02_and_swin_export_with_parity(kind, target, tmp_path):
     simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)
     for name in ("raw.onnx", "fp32.onnx"):
         res = onnx_parity(model, inputs, tmp_path / name, recipe.tolerance("simplify"), feeds(size, batch=1))
-        assert res, (name, res.first_failure, rep.notes)
+        assert res, (name, res.failed_check, rep.notes)
     if recipe.export.decompose_layernorm:
         assert "LayerNormalization" not in op_counts(tmp_path / "fp32.onnx")
 
@@ -120,7 +120,7 @@ def test_falls_back_to_dynamo_and_says_so(tmp_path):
     assert next(o.version for o in m.opset_import if o.domain == "") == 13
     assert _static_dims(m) == [[2, 3, size, size], [2, 10]]
     res = onnx_parity(model, inputs, tmp_path / "raw.onnx", recipe.tolerance("export_onnx"), feeds(size))
-    assert res, res.first_failure
+    assert res, res.failed_check
 
 
 class _Unexportable(torch.nn.Module):

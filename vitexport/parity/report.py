@@ -25,7 +25,6 @@ __all__ = [
     "PARITY_HTML",
     "write_reports",
     "render_reports",
-    "render_run_dir",
     "load_run",
     "render_markdown",
     "render_html",
@@ -537,6 +536,3 @@ def render_reports(out_dir: str | Path) -> dict[str, Path]:
     atomic_write_text(paths[PARITY_MD], render_markdown(data))
     atomic_write_text(paths[PARITY_HTML], render_html(data))
     return paths
-
-
-render_run_dir = render_reports

@@ -93,8 +93,6 @@ class StageResult(Data):
         """The first check that did not hold (what a ParityFailure names)."""
         return next((c for c in self.checks if not c.passed), None)
 
-    first_failure = failed_check
-
     @property
     def failed_metric(self) -> str | None:
         c = self.failed_check
@@ -108,12 +106,6 @@ class StageResult(Data):
         if c is None:
             return ParityFailure(self.stage, "passed", 0.0, 1.0, ">=")
         return ParityFailure(self.stage, c.metric, c.value, c.limit, c.op)
-
-    def raise_if_failed(self) -> "StageResult":
-        err = self.failure()
-        if err is not None:
-            raise err
-        return self
 
     def attach_layers(self, report: LayerReport) -> "StageResult":
         """Keep a per-layer report; its first divergence becomes the stage's (a located NaN/Inf
@@ -302,7 +294,7 @@ def check_stage(
         artifacts: files the stage wrote (name → path).
         locate_nonfinite: when the output holds NaN/Inf, find the first op/module producing it.
     Returns:
-        The :class:`StageResult` (never raises on a parity failure; call ``.raise_if_failed()``).
+        The :class:`StageResult` (never raises on a parity failure; ``.failure()`` is the error to raise).
     """
     t0 = time.perf_counter()
     ref = reference.output

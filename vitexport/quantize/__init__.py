@@ -2,7 +2,6 @@
 measures (:mod:`.calibrate`, with smoothing from :mod:`.smooth`), conversion writes Q/DQ
 (:mod:`.convert`), the fallback keeps the fewest layers in float (:mod:`.fallback`);
 :mod:`.quantizer` runs them; :mod:`.engine` writes the Orin engine script."""
-from .bench import latency_ms, latency_ratio, measure_calibration_memory
 from .engine import build_engine, trtexec_command, write_engine_script
 from .quantizer import QuantReport, quantize_int8
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
@@ -15,9 +14,6 @@ __all__ = [
     "write_engine_script",
     "build_engine",
     "trtexec_command",
-    "latency_ms",
-    "latency_ratio",
-    "measure_calibration_memory",
     "QuantTarget",
     "OrinTarget",
     "NpuTarget",

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..calibration.data import SampleSet
 from ..calibration.feeds import FeedSet, split_samples
 from ..runners.sessions import LOW_MEMORY
+from ..runners.timing import latency_ratio
 from ..errors import BadInput, ContractViolation
-from ..graph.files import artifact_files, load_model, save_model
+from ..graph.files import load_model, save_model
 from ..io import sha256_file
 from ..memory import bounded_heap
 from ..parity.metrics import CompareResult
@@ -241,10 +242,8 @@ def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet,
                    if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT)
     if n_params > _MAX_TIMED_PARAMS:
         report.notes.append(f"latency not measured here ({n_params / 1e6:.0f} M parameters: timing would cost more "
-                            "memory and time than quantizing); vitexport.quantize.latency_ratio() measures it")
+                            "memory and time than quantizing); vitexport.runners.timing.latency_ratio() measures it")
         return
-    from .bench import latency_ratio
-
     feed = next(iter(FeedSet.for_model(calib, model, 1)))
     log.debug("timing FP32 vs INT8")
     lat = latency_ratio(fp32_path, out_path, feed, threads=2, runs=10, budget_s=6.0)
@@ -252,8 +251,3 @@ def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet,
     if lat["speedup"] < 1.0:
         report.notes.append(f"INT8 Q/DQ model is SLOWER than FP32 in ONNX Runtime on this CPU ({lat['speedup']:.2f}x, "
                             f"2 threads); the Q/DQ layout targets {target.kind.value}")
-
-
-def written_files(out_path: Path) -> list[Path]:
-    """The files a quantized model occupies (the ``.onnx`` and, for a large model, its ``.data``)."""
-    return artifact_files(out_path)
