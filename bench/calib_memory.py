@@ -81,17 +81,17 @@ def task_calibrate(a: dict) -> dict:
     # the child's work, imported here: the parent measures and must stay small (no onnxruntime)
     from vitexport.calibration import load_samples, random_samples
     from vitexport.quantize import quantize_int8
-    from vitexport.recipe import load_recipe
+    from vitexport.targets import load_target
 
     base = _peak_bytes()
-    recipe = load_recipe(a["recipe"], a["overrides"])
+    target = load_target(a["recipe"], a["overrides"])
     example = {k: np.zeros(shape, dtype) for k, (shape, dtype) in a["inputs"].items()}
     if a["data"]:
         samples = load_samples(a["data"], example, num_samples=a["num_samples"], seed=0)
     else:
         samples = random_samples(example, a["num_samples"], seed=0)
     work = Path(a["work"])
-    rep = quantize_int8(Path(a["fp32"]), work / "model.int8.onnx", samples, recipe, work)
+    rep = quantize_int8(Path(a["fp32"]), work / "model.int8.onnx", samples, target, work)
     return {"import_bytes": base, "report": rep.to_dict()}
 
 

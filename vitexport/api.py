@@ -9,12 +9,14 @@ import numpy as np
 
 from .calibration import SampleSet, load_samples, random_samples
 from .calibration.data import NpzSamples
+from .check import check_file
 from .errors import BadInput, InternalError, ParityFailure, VitexportError, classify
 from .io import write_error_log
 from .pipeline import Artifacts, run_pipeline
 from .preflight import check_model, check_output_folder, run_needs
-from .recipe import Recipe, StageName, available_recipes, load_recipe
+from .recipe import StageName, parse_stage
 from .sources import LoadedModel, load_model
+from .targets import Target, load_recipe, load_target, registered_targets
 
 __all__ = ["export", "prepare", "targets", "check", "render_parity", "compare", "DEFAULT_BUILD_DIR"]
 
@@ -22,34 +24,28 @@ DEFAULT_BUILD_DIR = Path("build")
 
 
 def targets() -> dict[str, str]:
-    """Recipe name → one-line description, for every recipe shipped in ``recipes/``."""
-    out = {}
-    for name in available_recipes():
-        r = load_recipe(name)
-        out[name] = f"[{r.target.value}] {r.description}"
-    return out
+    """Target name → one-line description, for every registered target (vitexport's and plug-ins')."""
+    return {name: cls.description for name, cls in registered_targets().items()}
 
 
-def check(model: str | Path, target: str = "orin", *, overrides: Sequence[str] = ()):
+def check(model: str | Path, target: str | None = None, *, overrides: Sequence[str] = ()):
     """Check an ONNX file (vitexport's or anyone's) against a target: the ONNX checker, the recipe's
-    contract (ops, opset, static shapes, dtypes) and the target's runtime rules (orin: TensorRT's
-    Q/DQ rules and ONNX parser; npu: per-tensor, no float16).
+    contract (ops, opset, static shapes, dtypes) and the target's runtime rules (TensorRT's Q/DQ
+    rules and ONNX parser for a Jetson, per-tensor scales and no float16 for an NPU...).
 
     Args:
         model: the ONNX file (its ``.data`` file beside it, if any).
-        target: recipe name (``vitexport targets``) or a recipe YAML path.
+        target: target name (``vitexport targets``) or a recipe YAML path; None: the default target.
         overrides: ``key.path=value`` recipe overrides.
     Returns:
         A :class:`~vitexport.check.CheckResult`: true when nothing is broken, ``lines()`` one line
         per violation naming node and rule.
     Raises:
-        BadInput: the file is missing or is not ONNX; the recipe is unknown or invalid.
+        BadInput: the file is missing or is not ONNX; the target is unknown or the recipe invalid.
     """
-    from .check import check_file
-
-    recipe = load_recipe(target, overrides)
-    given = target if Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
-    return check_file(model, recipe, recipe_path=given)
+    run_target = load_target(target, overrides)
+    given = target if target is not None and Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
+    return check_file(model, run_target, recipe_path=given)
 
 
 def _fit_batch(samples: SampleSet, batch: int) -> SampleSet:
@@ -70,7 +66,7 @@ def _fit_batch(samples: SampleSet, batch: int) -> SampleSet:
 
 def prepare(
     model_uri: str | None = None,
-    target: str = "orin",
+    target: str | None = None,
     *,
     weights: str | Path | None = None,
     input_shape: str | None = None,
@@ -78,16 +74,18 @@ def prepare(
     parity_data: str | Path | None = None,
     overrides: Sequence[str] = (),
     trust_pickle: bool = False,
-) -> tuple[LoadedModel, Recipe, SampleSet, SampleSet, list[str]]:
+) -> tuple[LoadedModel, Target, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
     Pre-flight: the memory the inputs, one forward, the histograms and the golden reference need
     is checked against what the machine has, and the model is run twice on a few parity samples
     (it must run, and agree with itself).
 
-    With no ``model_uri`` the bundled demo (and its weights and data) is used.
+    With no ``model_uri`` the bundled demo (and its weights and data) is used; with no ``target``
+    the default one (:data:`vitexport.targets.DEFAULT_TARGET`).
     Returns:
-        (model, recipe, calibration samples, parity samples, notes for the report).
+        (model, the run's target (its ``recipe`` validated), calibration samples, parity samples,
+        notes for the report).
     Raises:
         BadInput: bad recipe, model, weights, shape or data; a model that is not deterministic.
         UserCodeError: the user's ``python:`` code raised (importing, building or in forward).
@@ -95,7 +93,8 @@ def prepare(
     """
     from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
 
-    recipe = load_recipe(target, overrides)
+    run_target = load_target(target, overrides)
+    recipe = run_target.recipe
     if model_uri is None:
         model_uri = DEMO_MODEL_URI
         weights = DEMO_WEIGHTS if weights is None else weights
@@ -128,12 +127,12 @@ def prepare(
     run_needs(model, recipe, len(parity_set))
     parity_set = _fit_batch(parity_set, batch)
     check_model(model, parity_set)
-    return model, recipe, calib_set, parity_set, notes
+    return model, run_target, calib_set, parity_set, notes
 
 
 def export(
     model_uri: str | None = None,
-    target: str = "orin",
+    target: str | None = None,
     *,
     weights: str | Path | None = None,
     input_shape: str | None = None,
@@ -150,7 +149,7 @@ def export(
 
     Args:
         model_uri: ``timm:NAME`` | ``torchvision:NAME`` | ``hf:DIR`` | ``python:PATH.py:FUNC``; None → the demo.
-        target: recipe name (``vitexport targets``) or a recipe YAML path.
+        target: target name (``vitexport targets``) or a recipe YAML path; None: the default target.
         weights: ``.safetensors`` / ``.pt`` / ``.pth`` state dict.
         input_shape: ``'N,C,H,W'`` overriding the model's own.
         calib: calibration data (image folder or ``.npz``).
@@ -175,15 +174,15 @@ def export(
         if out is not None:  # checked first: a bad folder fails before a model is loaded
             where["out"] = check_output_folder(out)
             where["existed"] = where["out"].exists()
-        model, recipe, calib_set, parity_set, notes = prepare(
+        model, run_target, calib_set, parity_set, notes = prepare(
             model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
             parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle,
         )
         if where["out"] is None:
-            where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{recipe.name}")
+            where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{run_target.recipe.name}")
             where["existed"] = where["out"].exists()
         out_dir: Path = where["out"]
-        return run_pipeline(model, recipe, out_dir, calib=calib_set, parity_data=parity_set,
+        return run_pipeline(model, run_target, out_dir, calib=calib_set, parity_data=parity_set,
                             data_note="; ".join(notes), layers=layers, resume=resume, log=log,
                             keep_source=layers)  # the model was loaded for this run: the pipeline may consume it
     except ParityFailure:
@@ -222,7 +221,7 @@ def compare(
     *,
     layers: bool = False,
     out: str | Path | None = None,
-    target: str = "orin",
+    target: str | None = None,
     stage: StageName | str = StageName.simplify,
     overrides: Sequence[str] = (),
     weights: str | Path | None = None,
@@ -236,7 +235,8 @@ def compare(
         parity_data: inputs (image folder or ``.npz``).
         layers: per-layer comparison and ``first_divergence``.
         out: where the report goes (none written when None).
-        target, stage: the recipe and stage whose tolerance applies (``quantize_int8`` for an INT8 B).
+        target, stage: the target (or recipe path) and stage whose tolerance applies (``quantize_int8``
+            for an INT8 B); None: the default target.
         overrides: recipe overrides.
         weights, input_shape: for a model URI.
         num_samples: compare on at most this many samples.
@@ -244,7 +244,6 @@ def compare(
         The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
     """
     from .parity import compare_models
-    from .recipe import parse_stage
 
     stage = parse_stage(stage)  # BadInput naming the stages
     recipe = load_recipe(target, overrides)

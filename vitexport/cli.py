@@ -60,7 +60,7 @@ def _print_summary(arts) -> None:
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    """List the recipes (targets) shipped with vitexport."""
+    """List the targets (vitexport's and plug-ins'); each name is a --target with its own recipe."""
     from . import api
 
     for name, desc in api.targets().items():
@@ -105,6 +105,9 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0 if load_run(args.out_dir).passed else 1
 
 
+_TARGET_HELP = "target name (see `vitexport targets`; default: vitexport.targets.DEFAULT_TARGET) or a recipe YAML path"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .recipe import StageName
 
@@ -113,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     e = sub.add_parser("export", help=cmd_export.__doc__, description=cmd_export.__doc__)
-    e.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    e.add_argument("--target", default=None, help=_TARGET_HELP)
     e.add_argument("--model", default=None, help="timm:NAME | torchvision:NAME | hf:DIR | python:PATH.py:FUNC (default: the bundled demo)")
     e.add_argument("--weights", default=None, help=".safetensors, or a state_dict .pt/.pth")
     e.add_argument("--input-shape", default=None, help="N,C,H,W (N,L for a text encoder); default from the model")
@@ -131,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help=cmd_check.__doc__, description=cmd_check.__doc__)
     c.add_argument("model", help="the ONNX file to check")
-    c.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    c.add_argument("--target", default=None, help=_TARGET_HELP)
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. contract.max_opset=19")
     c.set_defaults(func=cmd_check)
 
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--parity-data", default=None, help="inputs for --compare (image folder or .npz)")
     r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
     r.add_argument("--out", default=None, help="where --compare writes its report")
-    r.add_argument("--target", default="orin", help="recipe whose tolerances apply")
+    r.add_argument("--target", default=None, help="target (or recipe YAML path) whose tolerances apply")
     r.add_argument("--stage", default=StageName.simplify.value, metavar="STAGE",
                    help=f"stage whose tolerance applies: {', '.join(StageName)} (quantize_int8 for an INT8 model)")
     r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")

@@ -31,6 +31,7 @@ from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .sources import LoadedModel
 from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
+from .targets import Target
 
 _log = logging.getLogger("vitexport.pipeline")
 
@@ -106,7 +107,7 @@ class _State:
 
 def run_pipeline(
     model: LoadedModel,
-    recipe: Recipe,
+    target: Target,
     out_dir: Path,
     *,
     calib: SampleSet,
@@ -122,7 +123,8 @@ def run_pipeline(
 
     Args:
         model: the loaded model (untouched unless ``keep_source`` is False; the passes work on a copy).
-        recipe, out_dir: the validated recipe; the output folder (created).
+        target: the run's target (:func:`vitexport.targets.build_target`), its recipe validated.
+        out_dir: the output folder (created).
         calib, parity_data: calibration samples; parity samples (labels optional), cut to the export batch.
         data_note: said in the report (e.g. "synthetic inputs: no data given").
         layers: add per-layer localisation to the quantized stage.
@@ -139,9 +141,10 @@ def run_pipeline(
     """
     if layers and not keep_source:
         raise ValueError("per-layer localisation (layers=True) compares with the source model: keep_source must be True")
-    stages = list(stages) if stages is not None else pipeline_stages(recipe)
+    recipe = target.recipe
+    stages = list(stages) if stages is not None else pipeline_stages(target)
     arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
-    ctx = _begin(model, recipe, out_dir, parity_data, calib, layers, keep_source, arts, meter)
+    ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])
     mark_vacuous(ctx.reference, run)  # a constant reference makes every gate pass trivially: say so loudly
@@ -166,7 +169,7 @@ def run_pipeline(
     return arts
 
 
-def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
+def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +186,7 @@ def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: Sampl
     arts.files["reference.npz"] = out_dir / "reference.npz"
     _record_peak(arts, "reference", meter.lap())
     key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint())
-    return RunContext(model=model, recipe=recipe, out_dir=out_dir, calib=calib, reference=reference,
+    return RunContext(model=model, target=target, out_dir=out_dir, calib=calib, reference=reference,
                       unmasked=_unmasked(reference), key=key, layers=layers, keep_source=keep_source,
                       module=model.module, owned=not keep_source, files=arts.files)
 

@@ -26,9 +26,9 @@ from vitexport.parity import (
     render_reports,
     write_reports,
 )
-from vitexport.recipe import Recipe, StageName, TargetKind
+from vitexport.recipe import Recipe, StageName
 
-RECIPE = Recipe(name="test", target=TargetKind.orin)
+RECIPE = Recipe(name="test", target="orin")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -32,8 +32,11 @@ from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
 from .search import QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
+from .annotate import attention_role
 from .spec import NodeKind, NodeSpec, QuantPlan
-from .targets import QuantTarget, attention_role
+
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
 
@@ -60,11 +63,11 @@ class CalibrationResult:
     reused: bool = False
 
 
-def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[str, Any]:
+def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, Any]:
     """Everything besides model and data that changes a table."""
     cal, q = recipe.calibration, recipe.quantization
     return {
-        "format": TABLE_FORMAT, "target": target.kind.value, "percentile": cal.percentile, "num_bins": cal.num_bins,
+        "format": TABLE_FORMAT, "target": target.name, "percentile": cal.percentile, "num_bins": cal.num_bins,
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
@@ -73,7 +76,7 @@ def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[st
     }
 
 
-def arith_of(target: QuantTarget) -> QuantArith:
+def arith_of(target: Target) -> QuantArith:
     """The rounding the target's plans write, for the searches."""
     enc = target.encoding()
     return QuantArith(enc.symmetric, target.per_channel(), enc.weight_qmax)
@@ -110,7 +113,7 @@ def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
     return next(n.acts[0].tensor for n in plan.nodes if n.node == first)
 
 
-def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats, recipe: Recipe,
+def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, recipe: Recipe,
             res: CalibrationResult) -> dict[str, np.ndarray]:
     """Choose each site's factors (searched α, or the recipe's), fold them in; returns linear node → s."""
     q = recipe.quantization
@@ -174,7 +177,7 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
     return out
 
 
-def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
+def _ranges(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
             rows: dict, res: CalibrationResult) -> None:
     cal = recipe.calibration
     tensors = plan.tensors()
@@ -207,7 +210,7 @@ def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Samp
     res.table.choices["range"] = chosen
 
 
-def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool) -> None:
+def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool) -> None:
     """Bias corrections (when ``correct``), and where the Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
@@ -225,7 +228,7 @@ def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
 
 
-def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
+def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
     """Smooth ``model`` in place (when the recipe says so) and calibrate the plan's activations.
 
     Returns:
@@ -246,7 +249,7 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
     return res
 
 
-def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPlan, key: dict[str, Any],
+def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, key: dict[str, Any],
                 notes: list[str], insert: bool = True) -> CalibrationResult | None:
     """The table at ``path`` applied to ``model`` when it matches ``key`` (model hash, data hash,
     method, settings); None otherwise (the caller calibrates). A matching table was made from this

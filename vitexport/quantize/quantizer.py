@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..calibration.data import SampleSet
 from ..calibration.feeds import FeedSet, split_samples
+from ..check.contract import float16_violations
 from ..runners.sessions import LOW_MEMORY
 from ..runners.timing import latency_ratio
 from ..errors import BadInput, ContractViolation
@@ -28,7 +29,9 @@ from .convert import INT8_MAX, QdqStats, WeightCache, convert
 from .fallback import evaluate, rank_sensitivity, run_outputs, search_fallback
 from .precision import Float16Islands, precision_summary, to_opset
 from .spec import QuantPlan
-from .targets import QuantTarget, float16_tensors, get_target
+
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["QuantReport", "quantize_int8", "prepare_model"]
 
@@ -75,7 +78,12 @@ class QuantReport(BaseModel):
         return self.model_dump(mode="json")
 
 
-def prepare_model(path: Path, target: QuantTarget) -> ir.Model:
+def _float16_tensors(model: ir.Model) -> list[str]:
+    """'initializer X is float16', one per float16 tensor, Cast or constant of the graph."""
+    return [f"{v.subject} {v.problem.split(',')[0]}" for v in float16_violations(model, "float16")]
+
+
+def prepare_model(path: Path, target: Target) -> ir.Model:
     """Load a float model for quantization: static shapes inferred, every node named.
 
     Raises:
@@ -85,9 +93,9 @@ def prepare_model(path: Path, target: QuantTarget) -> ir.Model:
     ir_common.NameFixPass()(model)
     ir_common.ShapeInferencePass(strict_mode=False)(model)
     if target.forbid_float16:
-        f16 = float16_tensors(model)
+        f16 = _float16_tensors(model)
         if f16:
-            raise ContractViolation(f"{path}: the {target.kind.value} target allows no float16 ({'; '.join(f16[:3])})")
+            raise ContractViolation(f"{path}: the {target.name} target allows no float16 ({'; '.join(f16[:3])})")
     return model
 
 
@@ -98,7 +106,7 @@ def _compare_dict(res: CompareResult | None) -> dict[str, Any] | None:
             "checks": [c.to_dict() for c in res.checks]}
 
 
-def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPlan, calib: SampleSet,
+def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, calib: SampleSet,
             recipe: Recipe, work_dir: Path, holdout: int, report: QuantReport) -> CalibrationResult:
     """A cached table that fits, else a fresh calibration (saved as ``calibration.json``)."""
     cal = recipe.calibration
@@ -134,7 +142,7 @@ class _Builder:
 
 
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
-              target: QuantTarget, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
+              target: Target, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
     """Check the INT8 model on the held-out selection data; keep layers in float until it passes."""
     tol, fb = recipe.tolerance("quantize_int8"), recipe.quantization.fallback
     feeds = FeedSet.for_model(select, model, recipe.calibration.batch_size)
@@ -169,9 +177,9 @@ def _holdout(recipe: Recipe, calib: SampleSet) -> tuple[SampleSet, SampleSet | N
     return split_samples(calib, fb.eval_samples) if gated and fb.enabled and fb.max_float_layers > 0 else (calib, None)
 
 
-def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, recipe: Recipe,
+def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, target: Target,
                   work_dir: str | Path) -> QuantReport:
-    """Quantize a float ONNX model to INT8 Q/DQ by the recipe's target rules.
+    """Quantize a float ONNX model to INT8 Q/DQ by the target's rules and its recipe's settings.
 
     Args:
         fp32_path: the float model (static shapes, single output).
@@ -179,7 +187,8 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         calib: calibration samples; when the recipe gates INT8 parity, the last
             ``quantization.fallback.eval_samples`` of them (at most a quarter) are held out to choose
             float fallback layers and are not calibrated on.
-        recipe: the validated recipe (target, calibration, quantization, parity).
+        target: the run's target (:func:`vitexport.targets.build_target`); its ``recipe`` gives the
+            calibration, quantization and parity settings.
         work_dir: where ``calibration.json`` (and the target's extra files) go.
     Returns:
         A :class:`QuantReport`.
@@ -190,10 +199,10 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
     work_dir.mkdir(parents=True, exist_ok=True)
-    target = get_target(recipe)
+    recipe = target.recipe
     model = prepare_model(fp32_path, target)
     plan = target.annotate(model)
-    report = QuantReport(target=target.kind.value, method=recipe.calibration.method.value)
+    report = QuantReport(target=target.name, method=recipe.calibration.method.value)
     if not plan.nodes:
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     calib_part, select = _holdout(recipe, calib)
@@ -215,11 +224,11 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     return report
 
 
-def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: QuantTarget, recipe: Recipe, out_path: Path,
+def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: Target, recipe: Recipe, out_path: Path,
            work_dir: Path, report: QuantReport) -> None:
     problems = target.validate(qdq)
     if problems:  # a bug in the converter, not a user error
-        raise RuntimeError(f"Q/DQ placement breaks the {target.kind.value} rules: {problems[:5]}")
+        raise RuntimeError(f"Q/DQ placement breaks the {target.name} rules: {problems[:5]}")
     stats = QdqStats(len(plan.nodes),
                      sum(1 for n in qdq.graph if n.op_type == "QuantizeLinear"),
                      sum(1 for n in qdq.graph if n.op_type == "DequantizeLinear" and n.inputs[0].is_initializer()))
@@ -236,7 +245,7 @@ def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: QuantTarget, recipe: 
                             "model.int8.onnx); it does not fit the un-smoothed float model")
 
 
-def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet, target: QuantTarget,
+def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet, target: Target,
              report: QuantReport) -> None:
     n_params = sum(int(np.prod(v.const_value.shape)) for v in model.graph.initializers.values()
                    if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT)
@@ -250,4 +259,4 @@ def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet,
     report.latency, report.latency_ratio = lat, lat["speedup"]
     if lat["speedup"] < 1.0:
         report.notes.append(f"INT8 Q/DQ model is SLOWER than FP32 in ONNX Runtime on this CPU ({lat['speedup']:.2f}x, "
-                            f"2 threads); the Q/DQ layout targets {target.kind.value}")
+                            f"2 threads); the Q/DQ layout targets {target.name}")

@@ -58,7 +58,7 @@ class SimplifyStage:
         from ..export import simplify_onnx
 
         fp32 = ctx.out_dir / FP32_ONNX
-        simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.recipe)
+        simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.target)
         return StageOutput(files=model_files(fp32), notes=list(simp.notes), details={"simplify": simp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
