@@ -6,7 +6,6 @@ caller's imports and allocator reuse do not blur the figure: the child records i
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -214,7 +214,7 @@ def task_ablation(a: dict) -> dict:
     seconds = time.perf_counter() - t0
     res = score_onnx(out / "model.int8.onnx", a["score"], a["reference"], qdq_as_float=True)
     table = json.loads((out / "calibration.json").read_text())
-    res.update(quantize_s=seconds, float_nodes=len(rep.float_fallback), smoothed=rep.equalized,
+    res.update(quantize_s=seconds, float_nodes=len(rep.float_fallback), smoothed=rep.smoothed,
                fp32_islands=len(rep.precision.get("fp32_islands", {})), error_split=table.get("choices", {}).get("error"))
     return res
 

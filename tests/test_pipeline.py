@@ -174,7 +174,7 @@ def test_an_outlier_planted_in_the_parity_data_does_not_change_the_fallbacks_cho
     gate then scores, however wild, cannot move that choice."""
     from vitexport.calibration.data import NpzSamples
 
-    strict = ("quantization.equalize=false", "quantization.fallback.max_float_layers=4",
+    strict = ("quantization.smooth=false", "quantization.fallback.max_float_layers=4",
               "parity.quantize_int8.cosine_min=0.99999")  # no INT8 model meets it: the fallback acts
 
     def chosen(parity_of) -> list[str]:

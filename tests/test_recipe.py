@@ -40,6 +40,13 @@ def test_unknown_key_in_file(tmp_path):
         load_recipe(str(bad))
 
 
+def test_a_renamed_key_says_where_it_went():
+    with pytest.raises(BadInput, match=r"orin\.yaml: quantization\.equalize: unknown key \(now quantization\.smooth\)"):
+        load_recipe("orin", ["quantization.equalize=false"])
+    with pytest.raises(BadInput, match=r"quantization\.strongly_typed: unknown key \(now the target"):
+        load_recipe("orin", ["quantization.strongly_typed=false"])
+
+
 def test_wrong_type_names_key():
     with pytest.raises(BadInput, match=r"calibration\.num_samples"):
         load_recipe("npu", ["calibration.num_samples=lots"])

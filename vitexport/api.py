@@ -5,14 +5,13 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from .calibration import SampleSet, load_samples, random_samples
-from .calibration.data import NpzSamples
+from .calibration.feeds import FeedSet
 from .check import check_file
-from .errors import BadInput, InternalError, ParityFailure, VitexportError, classify
+from .errors import InternalError, ParityFailure, VitexportError, classify
 from .io import write_error_log
 from .pipeline import Artifacts, run_pipeline
+from .runners import feed_size
 from .preflight import check_model, check_output_folder, run_needs
 from .recipe import StageName, parse_stage
 from .sources import LoadedModel, load_model
@@ -46,22 +45,6 @@ def check(model: str | Path, target: str | None = None, *, overrides: Sequence[s
     run_target = load_target(target, overrides)
     given = target if target is not None and Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
     return check_file(model, run_target, recipe_path=given)
-
-
-def _fit_batch(samples: SampleSet, batch: int) -> SampleSet:
-    """Fixed-shape models take exactly ``batch`` samples per call: trim (or tile) to a multiple."""
-    n = len(samples)
-    if batch == 1 or n % batch == 0:
-        return samples
-    arrays: dict[str, list[np.ndarray]] = {}
-    for b in samples.batches(n):
-        for k, v in b.items():
-            arrays.setdefault(k, []).append(v)
-    full = {k: np.concatenate(v) for k, v in arrays.items()}
-    keep = (n // batch) * batch or batch
-    idx = np.arange(keep) % n
-    labels = samples.labels[idx] if samples.labels is not None else None
-    return NpzSamples({k: v[idx] for k, v in full.items()}, labels, samples.source)
 
 
 def prepare(
@@ -123,9 +106,9 @@ def prepare(
         parity_set = random_samples(model.example_inputs, pd.synthetic_samples, seed=pd.seed + 1,
                                     setting="lower parity_data.synthetic_samples")
         notes.append("no --parity-data given: parity measured on synthetic inputs")
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     run_needs(model, recipe, len(parity_set))
-    parity_set = _fit_batch(parity_set, batch)
+    parity_set = FeedSet(parity_set, batch).whole_batches()  # each parity sample counted once
     check_model(model, parity_set)
     return model, run_target, calib_set, parity_set, notes
 

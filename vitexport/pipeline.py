@@ -29,6 +29,7 @@ from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
+from .runners import feed_size
 from .sources import LoadedModel
 from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
 from .targets import Target
@@ -173,7 +174,7 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
     _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))

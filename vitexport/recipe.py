@@ -263,10 +263,10 @@ class QuantizationSpec(_Spec):
                     "target's (fp16 where the runtime builds what the file says, fp32 otherwise)")
     fp16_samples: int = Field(
         default=16, ge=1, description="calibration samples whose ranges decide the FP32 islands of an fp16 model")
-    equalize: bool = Field(
+    smooth: bool = Field(
         default=True, description="smooth outlier channels into the weights (SmoothQuant), folded into LayerNorms "
                                   "or as an inserted Mul")
-    equalize_alpha: float | None = Field(
+    smooth_alpha: float | None = Field(
         default=None, ge=0.0, le=1.0,
         description="migration strength α; none: searched per site on calibration data (the Linear's output error)")
     smooth_insert: bool = Field(
@@ -276,9 +276,9 @@ class QuantizationSpec(_Spec):
         default=True, description="fold each Linear's mean INT8 output error into its float bias")
     search_rows: int = Field(
         default=512, ge=16, description="activation rows per Linear input sampled for the searches (α, ranges, bias)")
-    equalize_samples: int = Field(
+    smooth_samples: int = Field(
         default=64, ge=1,
-        description="calibration samples whose per-channel maxima set the equalisation factors (the first of the "
+        description="calibration samples whose per-channel maxima set the smoothing factors (the first of the "
                     "seeded draw; the factors only balance channels, so a subset serves and saves a pass over the set)",
     )
     asymmetric_activations: bool = False
@@ -407,12 +407,22 @@ def _apply_override(data: dict, path: list[str], value: Any, source: str) -> Non
     node[path[-1]] = value
 
 
+#: keys a recipe no longer takes, and what says it now (the schema stays strict: the old name is an
+#: error, this only tells the user where it went)
+RENAMED_KEYS = {
+    "quantization.equalize": "quantization.smooth",
+    "quantization.equalize_alpha": "quantization.smooth_alpha",
+    "quantization.equalize_samples": "quantization.smooth_samples",
+    "quantization.strongly_typed": "the target: each TensorRT target builds one way, see vitexport targets",
+}
+
+
 def _format_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     kind = first["type"]
     if kind == "extra_forbidden":
-        msg = "unknown key"
+        msg = f"unknown key (now {RENAMED_KEYS[loc]})" if loc in RENAMED_KEYS else "unknown key"
     elif kind == "enum":
         msg = f"{first['msg'].lower()} (got {first.get('input')!r})"
     else:

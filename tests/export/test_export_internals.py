@@ -13,7 +13,7 @@ from vitexport.export.opset import convert_opset
 from vitexport.export.rewrites import ExportRewrites
 from vitexport.errors import BadInput
 from vitexport.export import simplify_onnx
-from vitexport.targets import build_target, load_recipe, load_target
+from vitexport.targets import load_recipe, load_target
 
 
 def _matmul_model() -> onnx.ModelProto:

@@ -10,7 +10,7 @@ from export_helpers import adapter, float16_storage, image, op_counts, run_ort, 
 
 from vitexport.export import export_onnx, simplify_onnx
 from vitexport.export.layernorm import decomposed_layer_norm
-from vitexport.targets import build_target, load_recipe, load_target
+from vitexport.targets import build_target, load_recipe
 
 
 @pytest.mark.parametrize("fp16_safe", [True, False])

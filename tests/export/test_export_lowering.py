@@ -10,7 +10,7 @@ from export_helpers import op_counts, run_ort
 
 from vitexport.export import export_onnx, simplify_onnx
 from vitexport.export.lowering import bool_and, bool_or, cumsum_as_matmul, gather_as_matmul
-from vitexport.targets import build_target, load_recipe, load_target
+from vitexport.targets import build_target, load_recipe
 
 G = torch.Generator().manual_seed(0)
 

@@ -13,7 +13,7 @@ from export_helpers import adapter, feeds, image, leftovers, onnx_parity, op_cou
 
 from vitexport.errors import BadInput
 from vitexport.export import export_onnx, simplify_onnx
-from vitexport.targets import build_target, load_recipe, load_target, registered_targets
+from vitexport.targets import build_target, load_recipe, registered_targets
 
 
 def _static_dims(model: onnx.ModelProto) -> list[list[int]]:

@@ -16,7 +16,7 @@ import torch
 
 from vitexport.calibration.data import NpzSamples
 from vitexport.pipeline import run_pipeline
-from vitexport.targets import build_target, load_recipe, load_target
+from vitexport.targets import build_target, load_recipe
 from vitexport.sources import OutputAdapter
 from vitexport.sources.base import LoadedModel
 

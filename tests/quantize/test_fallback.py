@@ -14,7 +14,7 @@ from vitexport.runners.sessions import LOW_MEMORY, Session
 from vitexport.parity.metrics import compare
 from vitexport.quantize import quantize_int8
 
-FALLBACK = ("quantization.equalize=false", "quantization.fallback.max_float_layers=6",
+FALLBACK = ("quantization.smooth=false", "quantization.fallback.max_float_layers=6",
             "parity.quantize_int8.cosine_min=0.99", "parity.quantize_int8.top1_agreement=0.9")
 
 

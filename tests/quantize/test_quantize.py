@@ -35,10 +35,10 @@ def _cosine(case, path) -> float:
 def test_outlier_vit_reaches_cosine_099_with_equalisation(outlier_vit, outlier_vit13, tmp_path, name):
     case = outlier_vit if name == "orin" else outlier_vit13
     plain = quantize_int8(case.path, tmp_path / "plain.onnx", case.calib,
-                          target(name, NO_FALLBACK, "quantization.equalize=false"), tmp_path / "plain")
+                          target(name, NO_FALLBACK, "quantization.smooth=false"), tmp_path / "plain")
     eq = quantize_int8(case.path, tmp_path / "eq.onnx", case.calib, target(name, NO_FALLBACK), tmp_path / "eq")
     c_plain, c_eq = _cosine(case, tmp_path / "plain.onnx"), _cosine(case, tmp_path / "eq.onnx")
-    assert plain.equalized == 0 and eq.equalized >= 4  # norm1 + norm2 of 2 blocks folded, plus inserted Muls
+    assert plain.smoothed == 0 and eq.smoothed >= 4  # norm1 + norm2 of 2 blocks folded, plus inserted Muls
     assert c_plain < 0.97, f"the outliers should hurt plain INT8 (cosine {c_plain})"
     assert c_eq >= 0.99, f"equalised INT8 cosine {c_eq}"
 
@@ -139,7 +139,7 @@ def test_latency_is_measured_and_reported(vit17, tmp_path):
     assert rep.latency_ratio is not None and rep.latency_ratio > 0
     d = rep.to_dict()
     for key in ("method", "num_samples", "reused_table", "quantized_nodes", "qdq_pairs", "float_fallback",
-                "equalized", "latency_ratio", "notes"):
+                "smoothed", "latency_ratio", "notes"):
         assert key in d
     if rep.latency_ratio < 1.0:
         assert any("SLOWER" in n for n in rep.notes)

@@ -35,7 +35,7 @@ def test_equalising_a_shared_weight(tmp_path):
     assert len(shared) == 1  # one initializer, three readers
     out = tmp_path / "shared.int8.onnx"
     rep = quantize_int8(path, out, random_samples(ex, 48, seed=0), target("orin", "quantization.fallback.enabled=false"), tmp_path)
-    assert rep.equalized >= 3
+    assert rep.smoothed >= 3
     q = onnx.load(str(out))
     names = [i.name for i in q.graph.initializer]
     assert len(names) == len(set(names))

@@ -7,12 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from cli_helpers import ROOT
 
 TOY_MODULE = '''
 """A toy accelerator: symmetric per-tensor INT8 with shared Q/DQ pairs, a scale list beside the model."""

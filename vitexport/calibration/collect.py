@@ -7,6 +7,7 @@ ONNX Runtime prunes the nodes a chunk does not need.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -105,7 +106,7 @@ def collect(
     names = list(observers)
     feeds = FeedSet.for_model(samples, model, batch_size)
     chunks = _chunks(names, _batch_bytes(model, names), budget_bytes)
-    config = LOW_MEMORY.replace(threads=threads)
+    config = replace(LOW_MEMORY, threads=threads)
     with progress(description, feeds.num_batches * len(chunks)) as bar:
         for chunk in chunks:
             sess = Session(model, config, outputs=chunk)

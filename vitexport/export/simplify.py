@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
@@ -20,6 +20,7 @@ import onnx_ir as ir
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..check import model_violations, run_checker
+from ..results import Data, result
 from .contract import raise_violations
 
 if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
@@ -36,8 +37,8 @@ SKIPPED_OPTIMIZERS = ["fuse_matmul_add_bias_into_gemm", "fuse_qkv"]
 _OPAQUE_USES = {("MatMul", 1), ("Gemm", 1), ("Conv", 1), ("ConvTranspose", 1)}
 
 
-@dataclass
-class SimplifyReport:
+@result
+class SimplifyReport(Data):
     """Node counts before and after, what was held aside, and the contract verdict."""
 
     path: str
@@ -52,8 +53,6 @@ class SimplifyReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _opaque(value: ir.Value) -> bool:

@@ -6,7 +6,7 @@ chain of non-finite tensors that reaches a graph output.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,13 +14,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ..results import Data, result
 from .onnx_graph import OnnxGraph, load_onnx
 
 __all__ = ["NonFiniteSource", "find_nonfinite", "first_nonfinite_op", "first_nonfinite_module", "locate_nonfinite"]
 
 
-@dataclass
-class NonFiniteSource:
+@result
+class NonFiniteSource(Data):
     """The first node whose output holds NaN/Inf on a path to a non-finite graph output (for a torch
     model: the first module, ``op_type='module'``).
 
@@ -37,10 +38,6 @@ class NonFiniteSource:
     output: str
     scope: str | None = None
     nonfinite_inputs: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "op_type": self.op_type, "output": self.output, "scope": self.scope,
-                "nonfinite_inputs": list(self.nonfinite_inputs)}
 
     def __str__(self) -> str:
         if self.op_type == "module":

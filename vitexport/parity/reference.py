@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from ..runners.base import BaseRunner
+from ..runners.base import BaseRunner, feed_size
 from ..errors import BadInput
 from ..io import atomic_path
 
@@ -195,7 +195,7 @@ def capture_reference(
         count = 0
         for feed in feeds:
             layer_batches += 1
-            count += next(iter(feed.values())).shape[0]
+            count += feed_size(feed)
             if count >= layer_samples:
                 break
         layer_acts = probe.run(feeds[:layer_batches])
@@ -205,7 +205,7 @@ def capture_reference(
 def _batch_of(feeds: list[dict[str, np.ndarray]], sample: int) -> int:
     seen = 0
     for b, feed in enumerate(feeds):
-        seen += next(iter(feed.values())).shape[0]
+        seen += feed_size(feed)
         if sample < seen:
             return b
     return len(feeds) - 1

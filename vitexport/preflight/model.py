@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ..errors import BadInput, ResourceLimit, classify, user_code
+from ..runners.base import feed_size
 from .memory import Need, format_bytes, histogram_need, require
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,7 +83,7 @@ def check_model(model: LoadedModel, samples: SampleSet) -> None:
         BadInput: another model raised on these inputs; the two runs disagree (the model is not
             deterministic in eval mode); labels outside the model's classes.
     """
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     feeds = [next(iter(samples.batches(batch)))]
     with _model_call(model, "in forward"):
         first = _forward(model, feeds)

@@ -2,7 +2,7 @@
 
 Two passes over the calibration data:
 
-1. *statistics* (the first ``quantization.equalize_samples``): per-channel max |X| and a sample of
+1. *statistics* (the first ``quantization.smooth_samples``): per-channel max |X| and a sample of
    activation rows at every quantized Linear's input;
 2. *ranges* (all samples, on the smoothed model): a streaming histogram per quantized activation.
 
@@ -70,7 +70,7 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
         "format": TABLE_FORMAT, "target": target.name, "percentile": cal.percentile, "num_bins": cal.num_bins,
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
-        "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
+        "smoothing": [q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert] if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
@@ -101,7 +101,7 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
     tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
     obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
-    n = collect(model, samples.head(q.equalize_samples), obs, batch_size=cal.batch_size,
+    n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
                 budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_ROWS and o[0].amax is not None}
     return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok))
@@ -123,10 +123,10 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
         t = _site_tensor(plan, site)
         if t not in stats.absmax:
             continue
-        if q.equalize_alpha is None and t in stats.rows:
+        if q.smooth_alpha is None and t in stats.rows:
             alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith)
         else:
-            alpha = q.equalize_alpha if q.equalize_alpha is not None else 0.5
+            alpha = q.smooth_alpha if q.smooth_alpha is not None else 0.5
             s = compute_factors(model, site, stats.absmax[t], alpha)
         alphas[site.tensor] = alpha
         if alpha is not None:
@@ -237,10 +237,10 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     cal, q = recipe.calibration, recipe.quantization
     table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
     res = CalibrationResult(table, plan)
-    needs_stats = q.equalize or q.bias_correction or cal.method is CalibrationMethod.auto
+    needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
     stats = _statistics(model, plan, samples, recipe) if needs_stats and _linears(plan) else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
-    if q.equalize:
+    if q.smooth:
         factors = _smooth(model, target, plan, stats, recipe, res)
         res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)

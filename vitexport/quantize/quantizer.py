@@ -59,8 +59,8 @@ class QuantReport(BaseModel):
     quantized_nodes: int = 0
     qdq_pairs: int = 0
     weights_quantized: int = 0
-    equalized: int = 0
-    equalize_skipped: dict[str, str] = Field(default_factory=dict)
+    smoothed: int = 0
+    smooth_skipped: dict[str, str] = Field(default_factory=dict)
     skipped_nodes: dict[str, str] = Field(default_factory=dict)
     selection: str | None = None
     float_fallback: list[dict[str, Any]] = Field(default_factory=list)
@@ -121,7 +121,7 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
-    report.equalized, report.equalize_skipped = res.smoothed, dict(res.smooth_skipped)
+    report.smoothed, report.smooth_skipped = res.smoothed, dict(res.smooth_skipped)
     report.skipped_nodes = dict(res.plan.skipped)
     return res
 
@@ -240,7 +240,7 @@ def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: Target, recipe: Recip
     scales = {t: ranges[t]["amax"] / INT8_MAX for t in plan.tensors()}
     for key, path in target.write_artifacts(work_dir, scales, recipe.calibration.method.value).items():
         report.artifacts[key] = str(path)
-    if report.equalized and "calibration_cache" in report.artifacts:
+    if report.smoothed and "calibration_cache" in report.artifacts:
         report.notes.append("calibration.cache holds the scales of the smoothed graph (the factors are folded into "
                             "model.int8.onnx); it does not fit the un-smoothed float model")
 

@@ -9,7 +9,7 @@ calibrated with several sessions still holds its weights once.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -60,14 +60,11 @@ class SessionConfig:
     qdq_as_float: bool = False
     spinning: bool = False
 
-    def replace(self, **changes) -> "SessionConfig":
-        return SessionConfig(**{**self.__dict__, **changes})
-
 
 #: calibration and evaluation sessions: no arena, no pre-packing, no spinning threads
 LOW_MEMORY = SessionConfig(optimization="extended", low_memory=True)
 #: the float-semantics Q/DQ arithmetic of TensorRT / NPU targets
-QDQ_AS_FLOAT = LOW_MEMORY.replace(qdq_as_float=True)
+QDQ_AS_FLOAT = replace(LOW_MEMORY, qdq_as_float=True)
 #: latency measurement: every optimisation, pre-packed weights, spinning threads, as deployed
 TIMING = SessionConfig(threads=2, optimization="all", spinning=True)
 

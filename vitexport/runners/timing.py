@@ -7,6 +7,7 @@ comparison (interleaved sessions, many runs, peers in the same run).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ def latency_ms(model: str | Path | bytes, feed: dict[str, np.ndarray], *, thread
     Returns:
         Milliseconds.
     """
-    sess = Session(model, TIMING.replace(threads=threads))
+    sess = Session(model, replace(TIMING, threads=threads))
     feed = {k: v for k, v in feed.items() if k in sess.input_names}
     for _ in range(warmup):
         sess.run(None, feed)
