@@ -8,8 +8,10 @@ from typing import Callable, Sequence
 from .calibration import SampleSet, load_samples, random_samples
 from .calibration.feeds import FeedSet
 from .check import check_file
+from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
 from .errors import InternalError, ParityFailure, VitexportError, classify
 from .io import write_error_log
+from .parity import compare_models, render_reports
 from .pipeline import Artifacts, run_pipeline
 from .runners import feed_size
 from .preflight import check_model, check_output_folder, run_needs
@@ -43,7 +45,8 @@ def check(model: str | Path, target: str | None = None, *, overrides: Sequence[s
         BadInput: the file is missing or is not ONNX; the target is unknown or the recipe invalid.
     """
     run_target = load_target(target, overrides)
-    given = target if target is not None and Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
+    # a user's recipe file is named as given
+    given = target if target is not None and Path(target).suffix in {".yaml", ".yml"} else None
     return check_file(model, run_target, recipe_path=given)
 
 
@@ -74,8 +77,6 @@ def prepare(
         UserCodeError: the user's ``python:`` code raised (importing, building or in forward).
         ResourceLimit: the run cannot fit in memory (the estimate and the setting are named).
     """
-    from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
-
     run_target = load_target(target, overrides)
     recipe = run_target.recipe
     if model_uri is None:
@@ -192,8 +193,6 @@ def _failed(exc: BaseException, out_dir: Path | None, existed: bool) -> Vitexpor
 
 def render_parity(out_dir: str | Path) -> dict[str, Path]:
     """Re-render ``parity.md`` / ``parity.html`` of a finished run from its ``parity.json``."""
-    from .parity import render_reports
-
     return render_reports(Path(out_dir))
 
 
@@ -226,8 +225,6 @@ def compare(
     Returns:
         The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
     """
-    from .parity import compare_models
-
     stage = parse_stage(stage)  # BadInput naming the stages
     recipe = load_recipe(target, overrides)
     return compare_models(

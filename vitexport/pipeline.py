@@ -11,6 +11,7 @@ result) is saved, so a run that was killed resumes from the last finished stage:
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import platform
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import onnx
+import onnxruntime
 import torch
 
 from . import __version__
@@ -29,7 +32,7 @@ from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
-from .runners import feed_size
+from .runners import TorchRunner, feed_size
 from .sources import LoadedModel
 from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
 from .targets import Target
@@ -178,8 +181,6 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
     _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
-    from .runners import TorchRunner
-
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
                                       source=parity_data.source, layers=True if layers else None)
@@ -245,17 +246,13 @@ def _stage_line(res: StageResult, peak: int | None = None) -> str:
 
 
 def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import onnxsim
-
     return {
         "vitexport": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "onnxsim": getattr(onnxsim, "__version__", "unknown"),
+        "onnxsim": importlib.metadata.version("onnxsim"),  # its installed version: no import needed
         "numpy": np.__version__,
     }
 

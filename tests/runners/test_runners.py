@@ -134,7 +134,8 @@ def test_tensorrt_is_imported_lazily():
     assert out.stdout.strip() == "False False False False"
     assert isinstance(tensorrt_available(), bool)
     # ONNX-only work (quantize, calibrate, compare two ONNX files) does not import torch either
-    code = "import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.runners; print('torch' in sys.modules)"
+    code = ("import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.runners, "
+            "vitexport.targets, vitexport.check; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -24,6 +24,7 @@ from pydantic import model_validator
 
 from ..recipe import Tolerance
 from ..runners.base import feed_size
+from ..runners.ort_runner import OnnxRuntimeRunner
 from .data import Data, Sparse, result
 from .onnx_graph import OnnxGraph, _shape_ok, block_scopes
 
@@ -278,7 +279,7 @@ def block_names(module) -> list[str]:
     the same class that have parameters; only the outermost such blocks are kept (a block's own
     MLP ``Sequential`` is not a list of blocks).
     """
-    import torch.nn as nn
+    import torch.nn as nn  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
     names: list[str] = []
     taken: list[str] = []
@@ -317,7 +318,7 @@ class LayerProbe(Protocol):
 
 
 def _first_tensor(obj):
-    import torch
+    import torch  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
     if isinstance(obj, torch.Tensor):
         return obj
@@ -347,7 +348,7 @@ class TorchLayerProbe:
         return list(self.layers)
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        import torch
+        import torch  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
         mods = dict(self.module.named_modules())
         acts: dict[str, list[np.ndarray]] = {}
@@ -394,8 +395,6 @@ class OnnxLayerProbe:
         return list(self.tensors)
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        from ..runners.ort_runner import OnnxRuntimeRunner
-
         names = list(dict.fromkeys(self.tensors.values()))
         if not names:
             return {}

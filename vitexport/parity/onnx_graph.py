@@ -22,6 +22,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
 
+from ..graph.files import as_model
+
 __all__ = [
     "OnnxGraph",
     "NodeView",
@@ -38,8 +40,6 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 def load_onnx(model: str | Path | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
     """An ``ir.Model`` from a path, serialized bytes, a ModelProto or an ``ir.Model`` (as is)."""
-    from ..graph.files import as_model
-
     return as_model(model)
 
 

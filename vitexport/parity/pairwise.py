@@ -21,6 +21,7 @@ from ..runners.base import BaseRunner
 from ..recipe import Tolerance
 from .layers import LayerReport, localize_layers, localize_onnx
 from .reference import capture_reference
+from .report import write_reports
 from .stage import ParityRun, check_stage
 
 __all__ = ["compare_models", "COMPARE_STAGE", "DEFAULT_COMPARE_TOLERANCE"]
@@ -44,7 +45,7 @@ class _Side:
 
 
 def _is_uri(spec: str) -> bool:
-    from ..sources import SCHEMES
+    from ..sources import SCHEMES  # vitexport.sources loads torch (~2 s): two ONNX files never need it
 
     scheme, sep, rest = spec.partition(":")
     return bool(sep and rest) and scheme in SCHEMES
@@ -80,7 +81,7 @@ def _open_plan(spec: str, **_: Any) -> _Side:
 
 
 def _open_uri(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
-    from ..runners import TorchRunner  # lazy: comparing two ONNX files never imports torch
+    from ..runners import TorchRunner  # torch loads here: comparing two ONNX files never needs it (~2 s)
     from ..sources import load_model
 
     loaded = load_model(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
@@ -176,8 +177,6 @@ def compare_models(
                     extra={"compare": {"a": a, "b": b}})
     run.passed = result.passed
     if out_dir is not None:
-        from .report import write_reports
-
         write_reports(Path(out_dir), run)
     return run
 

@@ -17,6 +17,8 @@ import numpy as np
 from ..runners.base import BaseRunner, feed_size
 from ..errors import BadInput
 from ..io import atomic_path
+from .layers import make_torch_probe
+from .nonfinite import locate_nonfinite
 
 if TYPE_CHECKING:  # pragma: no cover
     from .stage import ParityRun
@@ -176,8 +178,6 @@ def capture_reference(
             raise BadInput(f"{len(labels)} labels for {n} parity samples")
     bad = ~np.isfinite(outputs["output"])
     if bad.any():
-        from .nonfinite import locate_nonfinite
-
         first = int(np.argwhere(bad.reshape(n, -1).any(1))[0][0]) if n else 0
         where = _batch_of(feeds, first)
         src = locate_nonfinite(runner, feeds[where])
@@ -189,8 +189,6 @@ def capture_reference(
     layer_acts: dict[str, np.ndarray] | None = None
     layer_batches = 0
     if layers is not None and layers is not False:
-        from .layers import make_torch_probe
-
         probe = make_torch_probe(runner, layers)
         count = 0
         for feed in feeds:

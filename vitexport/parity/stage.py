@@ -23,6 +23,7 @@ from ..recipe import StageName, Tolerance
 from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
 from .metrics import Check, Metrics, compare, error_histogram
+from .nonfinite import locate_nonfinite_source
 from .reference import GoldenReference
 
 __all__ = ["StageResult", "ParityRun", "check_stage", "SCHEMA_VERSION", "DEFAULT_REFERENCE"]
@@ -320,8 +321,6 @@ def check_stage(
 
 
 def _locate(result: StageResult, runner: BaseRunner, reference: GoldenReference, per_batch: list[np.ndarray]) -> None:
-    from .nonfinite import locate_nonfinite_source
-
     b = next(i for i, o in enumerate(per_batch) if not np.isfinite(o).all())
     try:
         src = locate_nonfinite_source(runner, reference.feeds[b])

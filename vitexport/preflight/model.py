@@ -24,7 +24,7 @@ __all__ = ["check_model", "run_needs"]
 
 def _first_conv_hint(model: LoadedModel) -> str:
     """Why a forward failed when the input's channels are not what the first convolution takes."""
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     conv = next(((n, m) for n, m in model.module.named_modules() if isinstance(m, torch.nn.Conv2d)), None)
     image = next((v for v in model.example_inputs.values() if v.ndim == 4), None)
@@ -64,7 +64,7 @@ def _model_call(model: LoadedModel, what: str) -> Iterator[None]:
 
 
 def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     outs = []
     with torch.no_grad():

@@ -18,6 +18,10 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from ..graph.files import as_model
+from ..graph.weights import weights_as_inputs
+from ..memory import release_memory
+
 __all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING"]
 
 ORT_TYPES = {
@@ -123,20 +127,14 @@ class Session:
         self.weights: dict[str, np.ndarray] = {}
         opts = session_options(config)
         if outputs is not None and not isinstance(model, ir.Model):
-            from ..graph.files import as_model
-
             model = as_model(model)
         if isinstance(model, ir.Model):
-            from ..graph.weights import weights_as_inputs
-
             with weights_as_inputs(model) as (proto, weights):
                 self.weights = {k: np.ascontiguousarray(t.numpy(), dtype=np.float32) for k, t in weights.items()}
                 if outputs is not None:
                     del proto.graph.output[:]
                     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
                 self.session = _from_proto(proto, opts)
-            from ..memory import release_memory
-
             release_memory()  # the serialised model is gone: hand its pages back (glibc keeps them)
         else:
             if isinstance(model, onnx.ModelProto):

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..graph.files import artifact_files
+from ..io import sha256_file
+from ..memory import release_memory
 from ..recipe import Recipe, StageName
 
 if TYPE_CHECKING:
@@ -189,21 +192,15 @@ def module_hash(module: torch.nn.Module, example_inputs: dict[str, torch.Tensor]
 
 def model_files(path: Path) -> dict[str, Path]:
     """A saved ONNX model's files by name: the ``.onnx`` and, for a large model, its ``.data``."""
-    from ..graph.files import artifact_files
-
     return {p.name: p for p in artifact_files(path)}
 
 
 def model_hash(path: Path) -> str:
     """Content hash of a saved ONNX model (every file it occupies)."""
-    from ..io import sha256_file
-
     return content_key(*[sha256_file(p) for p in model_files(path).values()])
 
 
 def trim_memory() -> None:
     """Collect cycles (torch modules hold some) and hand the freed heap back to the OS."""
-    from ..memory import release_memory
-
     gc.collect()
     release_memory()

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ..parity import localize_layers
+from ..quantize import quantize_int8
 from ..recipe import Recipe, StageName
+from ..runners import OnnxRuntimeRunner
 from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key, model_files, model_hash
 
 __all__ = ["QuantizeStage"]
@@ -35,8 +38,6 @@ class QuantizeStage:
                            r.target, r.tolerance(self.name).model_dump(mode="json"))
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..quantize import quantize_int8
-
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir)
         notes = [*q.notes, *_predicted(q), *_precision(q), ctx.target.arithmetic]
@@ -51,8 +52,6 @@ class QuantizeStage:
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..runners import OnnxRuntimeRunner
-
         # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
         # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets - the same
         # session configuration the fallback chose its float layers with.
@@ -90,7 +89,5 @@ def _predicted(q) -> list[str]:
 
 def _layers(ctx: RunContext, fp32: Path, int8: Path):
     """Per-layer localisation of the INT8 error against the untouched model (FP32 beside INT8)."""
-    from ..parity import localize_layers
-
     return localize_layers(ctx.model.module, ctx.reference.feeds, {"fp32": fp32, "int8": int8},
                            budget=ctx.recipe.tolerance(StageName.quantize_int8), reference_layers=ctx.reference.layers)
