@@ -16,9 +16,9 @@ from onnx_census import assert_clean
 
 from vitexport.calibration.data import NpzSamples
 from vitexport.pipeline import run_pipeline
-from vitexport.recipe import available_recipes, load_recipe
 from vitexport.sources import load_model
 from vitexport.sources.base import LoadedModel, OutputAdapter
+from vitexport.targets import load_target, registered_targets
 
 SEQ, VOCAB, IMG = 32, 500, 64
 FILES = ("model.raw.onnx", "model.fp32.onnx", "model.int8.onnx")
@@ -54,14 +54,14 @@ def _bert(tmp_path) -> tuple[LoadedModel, NpzSamples, NpzSamples]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", available_recipes())
+@pytest.mark.parametrize("target", list(registered_targets()))
 @pytest.mark.parametrize("kind", ["vit_s", "bert"])
-def test_every_file_every_recipe_writes_is_clean(kind, recipe, tmp_path):
+def test_every_file_every_target_writes_is_clean(kind, target, tmp_path):
     model, calib, parity = _vit_s() if kind == "vit_s" else _bert(tmp_path)
-    r = load_recipe(recipe, ["quantization.measure_latency=false"])
+    t = load_target(target, ["quantization.measure_latency=false"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arts = run_pipeline(model, r, tmp_path / "out", calib=calib, parity_data=parity)
+        arts = run_pipeline(model, t, tmp_path / "out", calib=calib, parity_data=parity)
     assert arts.passed
     onnx_files = sorted(p.name for p in (tmp_path / "out").glob("*.onnx"))
     assert onnx_files == sorted(FILES)

@@ -12,7 +12,7 @@ from planted import linear, plant, plant_nameless_node, plant_unused_initializer
 
 from vitexport.check import LINT_RULES, Severity, check_file, lint_model
 from vitexport.cli import main
-from vitexport.recipe import load_recipe
+from vitexport.targets import load_target
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -29,8 +29,8 @@ CASES = [
 ]
 
 
-def _check(tmp_path, m, recipe: str = "cpu"):
-    return check_file(save(m, tmp_path / "m.onnx"), load_recipe(recipe))
+def _check(tmp_path, m, target: str = "cpu"):
+    return check_file(save(m, tmp_path / "m.onnx"), load_target(target))
 
 
 def test_a_clean_graph_has_no_finding(tmp_path):

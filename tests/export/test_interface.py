@@ -6,10 +6,10 @@ import torch
 from onnx_census import census
 from torch import nn
 
-from vitexport.engines import OnnxRuntimeRunner
 from vitexport.export import export_onnx
-from vitexport.recipe import load_recipe
+from vitexport.runners import OnnxRuntimeRunner
 from vitexport.sources.base import OutputAdapter
+from vitexport.targets import load_recipe
 
 
 class _IgnoresMask(nn.Module):

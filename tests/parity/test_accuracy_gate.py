@@ -20,8 +20,8 @@ from vitexport.cli import main
 from vitexport.demo import DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
 from vitexport.parity import Check
 from vitexport.parity.advice import failure_advice
-from vitexport.recipe import load_recipe
 from vitexport.sources import load_model
+from vitexport.targets import load_recipe
 
 AMBIGUOUS = 100  # of the 400 held-out samples
 

@@ -35,7 +35,8 @@ A Q/DQ pair *does nothing* when (1) its QuantizeLinear re-quantizes a value a De
 directly or through ops that only move data, with the same scale, zero point and axis: the values
 are already on that grid, so the pair is an identity; or (2) no node reads its DequantizeLinear, only
 a graph output: no INT8 kernel consumes it, it only rounds the output. A pair in front of an op the
-target runs in float is the target's rule, not a lint (``orin.float_consumer``: an error for TensorRT).
+target runs in float is the target's rule, not a lint (TensorRT's, an error:
+:mod:`vitexport.targets.tensorrt_rules`). The lint is the same for every target.
 """
 from __future__ import annotations
 
