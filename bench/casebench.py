@@ -27,7 +27,7 @@ from pathlib import Path
 from .cases import CASES, file_digest, write_calib_subset
 from .plan import CasePlan
 from .proc import REPO
-from .run import Bench
+from .harness import Bench
 
 __all__ = ["CaseBench", "PEERS_PYTHON", "code_digest", "PEER_TASKS"]
 
@@ -134,7 +134,7 @@ class CaseBench(Bench):
         if not prep_rec.get("ok"):
             return
         prep = prep_rec["data"]
-        cells = [(p, plan.num_samples) for p in plan.paths] + list(plan.extra.get(case, ()))
+        cells = [(p, plan.num_samples) for p in plan.paths_of(case)] + list(plan.extra.get(case, ()))
         files: dict[str, str] = {}
         for n in sorted({n for _, n in cells}):
             calib = self.calib_file(case, prep, n)

@@ -265,6 +265,10 @@ class FallbackSpec(_Spec):
                     "fallback chooses its float layers; the parity data the gate scores is never used for that",
     )
     sensitivity_samples: int = Field(default=4, ge=1, description="samples used to rank layers by sensitivity")
+    screen_samples: int = Field(
+        default=64, ge=0,
+        description="calibration samples screened besides the held-out ones, so that the prediction of the gate's "
+                    "worst case over its many samples rests on more than the held-out few (0: held-out only)")
 
 
 class QuantizationSpec(_Spec):

@@ -30,7 +30,7 @@ from ..errors import BadInput
 from ..graph.query import attr
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
-from .search import QuantArith, bias_shift, error_split, search_alpha, search_range
+from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .spec import NodeKind, NodeSpec, QuantPlan
 from .targets import QuantTarget, attention_role
@@ -39,14 +39,18 @@ __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "
 
 log = logging.getLogger("vitexport.quantize")
 
-TABLE_FORMAT = 3  # bump when what a table means changes
+TABLE_FORMAT = 4  # bump when what a table means changes
 #: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
 _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: the evidence a data-driven choice needs. Smoothing divides each channel by its own calibrated
 #: maximum, so a channel that exceeds it on new data is clipped: per-channel maxima from a handful of
 #: images are too noisy to trust (seen: a 12-image calibration smoothed a classifier head from cosine
-#: 0.996 down to 0.95). Fewer images or rows than this: no smoothing, no search, no bias correction.
+#: 0.996 down to 0.95). Fewer images than this: no smoothing, no search, no bias correction. A tensor
+#: with one row per image (a classifier head's [CLS] input) has fewer rows than ``MIN_STAT_ROWS`` but is
+#: no less needed: left unsmoothed, one planted ×26 channel there cost a post-LN ViT cosine 0.9987 →
+#: measured; such a tensor is smoothed with the gentle strengths of ``THIN_ALPHAS`` only.
 MIN_STAT_SAMPLES, MIN_STAT_ROWS = 32, 256
+THIN_ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5)
 
 
 @dataclass
@@ -91,6 +95,7 @@ class _Stats:
     absmax: dict[str, np.ndarray]
     rows: dict[str, np.ndarray]
     thin: list[str] = field(default_factory=list)  # tensors seen too little to act on
+    few_rows: set[str] = field(default_factory=set)  # enough images, fewer than MIN_STAT_ROWS rows
 
 
 def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> _Stats:
@@ -100,8 +105,9 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     n = collect(model, samples.head(q.equalize_samples), obs, batch_size=cal.batch_size,
                 budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
-    ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_ROWS and o[0].amax is not None}
-    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok))
+    ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
+    few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
+    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok), few)
 
 
 def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
@@ -121,7 +127,8 @@ def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats
         if t not in stats.absmax:
             continue
         if q.equalize_alpha is None and t in stats.rows:
-            alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith)
+            cands = THIN_ALPHAS if t in stats.few_rows else ALPHAS
+            alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith, cands)
         else:
             alpha = q.equalize_alpha if q.equalize_alpha is not None else 0.5
             s = compute_factors(model, site, stats.absmax[t], alpha)
@@ -132,7 +139,7 @@ def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats
     res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
     if stats.thin:
         res.smooth_skipped.update({t: f"too few calibration images or rows to trust per-channel maxima "
-                                      f"(< {MIN_STAT_SAMPLES} images or < {MIN_STAT_ROWS} rows)" for t in stats.thin})
+                                      f"(< {MIN_STAT_SAMPLES} images or rows)" for t in stats.thin})
     res.table.equalization = {k: [float(x) for x in v] for k, v in factors.items()}
     res.table.choices["alpha"] = alphas
     return per_node
