@@ -290,6 +290,9 @@ class QuantizationSpec(_Spec):
                                   "with an inserted Mul")
     bias_correction: bool = Field(
         default=True, description="fold each Linear's mean INT8 output error into its float bias")
+    weight_rounding: Literal["nearest", "gptq"] = Field(
+        default="nearest", description="integer weights: round to nearest, or GPTQ (each Linear's output error on "
+                                       "its sampled input rows decides the rounding; the scales stay the same)")
     search_rows: int = Field(
         default=512, ge=16, description="activation rows per Linear input sampled for the searches (α, ranges, bias)")
     equalize_samples: int = Field(

@@ -30,6 +30,7 @@ from ..errors import BadInput
 from ..graph.query import attr
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
+from .rounding import gptq_round
 from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .spec import NodeKind, NodeSpec, QuantPlan
@@ -62,6 +63,8 @@ class CalibrationResult:
     smoothed: int = 0
     smooth_skipped: dict[str, str] = field(default_factory=dict)
     reused: bool = False
+    #: weight initializer → (int8 weights in its own layout, per-channel scale) chosen by GPTQ
+    rounded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[st
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
-        "bias_correction": q.bias_correction, "search_rows": q.search_rows,
+        "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
 
@@ -161,8 +164,9 @@ def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str,
 
 
 def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray],
-                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray]]]]:
-    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight)])."""
+                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int]]]]:
+    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight,
+    weight initializer, its input-channel axis)])."""
     pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
     out: dict[str, tuple[np.ndarray, list]] = {}
     inits = model.graph.initializers
@@ -177,7 +181,7 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
             else len(inits[spec.weight.initializer].const_value.shape) - 2
         w = weight_in_out(inits[spec.weight.initializer].const_value.numpy(), in_axis)
         entry = out.setdefault(spec.acts[0].tensor, (rows / s if s is not None else rows, []))
-        entry[1].append((spec.node, w))
+        entry[1].append((spec.node, w, spec.weight.initializer, in_axis))
     return out
 
 
@@ -202,7 +206,7 @@ def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Samp
         elif method is CalibrationMethod.auto and isinstance(ob, HistogramObserver) and ob.counts is not None:
             cands = _candidates(ob, cal.percentile)
             if t in rows:
-                name, _ = search_range(rows[t][0], [w for _, w in rows[t][1]], cands, arith)
+                name, _ = search_range(rows[t][0], [lin[1] for lin in rows[t][1]], cands, arith)
             else:  # no Linear reads it (attention inputs, a Conv's image): the tensor's own MSE decides
                 name = "mse"
             rng = cands[name]
@@ -214,22 +218,39 @@ def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Samp
     res.table.choices["range"] = chosen
 
 
-def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool) -> None:
-    """Bias corrections (when ``correct``), and where the Linears' INT8 error comes from (for the report)."""
+def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool, rounding: str) -> None:
+    """Weight rounding (``gptq``: :mod:`.rounding`), bias corrections (when ``correct``), and where the
+    Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
     for t, (x, linears) in rows.items():
         rng = res.table.tensors.get(t)
         if rng is None:
             continue
-        for node, w in linears:
+        for node, w, init, in_axis in linears:
+            wq = None
+            if rounding == "gptq" and w.ndim == 2 and init not in res.rounded:
+                wq = _gptq(x, w, init, in_axis, arith, res)
+            elif init in res.rounded:
+                q, scale = res.rounded[init]
+                wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
             if correct:
-                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith)]
-            for k, v in error_split(x, w, rng, arith).items():
+                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith, wq=wq)]
+            for k, v in error_split(x, w, rng, arith, wq=wq).items():
                 split[k] += v
             n += 1
     if n:
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
+
+
+def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: CalibrationResult) -> np.ndarray:
+    """GPTQ integer weights of one Linear, kept in ``res.rounded`` in the initializer's layout; returns the
+    fake-quantized (C_in, C_out) weight."""
+    amax = np.abs(w).max(axis=0) if arith.per_channel else np.full(w.shape[1], np.abs(w).max())
+    scale = np.maximum(amax / arith.qmax, 1e-8).astype(np.float32)
+    q = gptq_round(x, w, scale, arith.qmax)
+    res.rounded[init] = (q if in_axis == 0 else np.ascontiguousarray(q.T), scale if arith.per_channel else scale[:1].reshape(()))
+    return q.astype(np.float32) * scale.reshape(1, -1)
 
 
 def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
@@ -249,7 +270,7 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
         res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res)
-    _bias(target, rows, res, q.bias_correction)
+    _bias(target, rows, res, q.bias_correction, q.weight_rounding)
     return res
 
 

@@ -99,7 +99,9 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
     key = {"model_hash": sha256_file(fp32_path), "data_hash": calib.fingerprint(), "method": cal.method.value,
            "settings": table_settings(recipe, target, holdout)}
     path = work_dir / "calibration.json"
-    res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
+    # a GPTQ table's integer weights are not in calibration.json: such a table is made afresh
+    reusable = cal.reuse and recipe.quantization.weight_rounding == "nearest"
+    res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe)
         if target.high_precision() == "fp16" and res.plan.nodes:
@@ -232,7 +234,7 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     fp16 = target.high_precision() == "fp16" and bool(plan.nodes)
     if fp16:
         model = to_opset(model, 19)  # float16 Q/DQ scales
-    build = _Builder(model, ranges, WeightCache(bias=res.table.bias), res.table.float_ranges if fp16 else None)
+    build = _Builder(model, ranges, WeightCache(overrides=res.rounded, bias=res.table.bias), res.table.float_ranges if fp16 else None)
     qdq = build(plan)
     annotated = plan
     if select is not None and plan.nodes:
