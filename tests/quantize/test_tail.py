@@ -105,3 +105,11 @@ def test_the_predicted_worst_case_extrapolates_to_the_gates_sample_count():
     # calibrated-on samples that fare better than held-out ones are scaled up to the held-out level
     both = predict((ref, out), (ref, ref + 0.1 * noise), 200)
     assert both.held_out_ratio > 10 and both.pooled == 64
+
+
+def test_the_screen_is_capped_by_compute():
+    from vitexport.quantize.quantizer import screen_size
+
+    assert screen_size(64, int(1.1e9)) == 64  # a ViT-S at 128 px: the whole screen
+    assert screen_size(64, int(17.5e9)) == 16  # ViT-B/16 at 224: the floor, its quantize stage must stay quick
+    assert screen_size(0, int(1e9)) == 0

@@ -29,9 +29,22 @@ from .spec import NodeKind, QuantPlan
 from .tail import GateInfo
 from .targets import QuantTarget, attention_role, float16_tensors, get_target
 
-__all__ = ["QuantReport", "quantize_int8", "prepare_model", "attention_summary"]
+__all__ = ["QuantReport", "quantize_int8", "prepare_model", "attention_summary", "screen_size"]
 
 log = logging.getLogger("vitexport.quantize")
+
+#: the screen's compute cap: as many calibration samples as 64 samples of a 4-GMAC model (a ViT-S at 160 px),
+#: at least 16. ViT-B/16 at 224 (17.5 GMAC, ~1.3 s per sample for its float and Q/DQ runs on 2 cores) gets 16:
+#: 64 would add ~80 s to a quantize stage that must stay within NNCF's time
+_SCREEN_MACS = 64 * 4e9
+
+
+def screen_size(requested: int, macs_per_sample: int) -> int:
+    """How many calibration samples the fallback screens (``fallback.screen_samples``, capped by compute)."""
+    if requested <= 0 or macs_per_sample <= 0:
+        return max(requested, 0)
+    return min(requested, max(16, int(_SCREEN_MACS // macs_per_sample)))
+
 
 #: above this many float parameters (ViT-S has 22 M, ViT-B 86 M) quantize_int8 does not time the
 #: models itself: two extra ONNX Runtime sessions of a ViT-B cost ~0.7 GB and half a minute
@@ -134,7 +147,8 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
               gate: GateInfo) -> tuple[ir.Model, QuantPlan]:
     """Judge the INT8 model by the gate's predicted figures; keep layers in float until they pass."""
     tol, fb, bs = recipe.tolerance("quantize_int8"), recipe.quantization.fallback, recipe.calibration.batch_size
-    screen = calib.head(fb.screen_samples) if fb.screen_samples > 0 else None
+    n_screen = screen_size(fb.screen_samples, plan.total_macs)
+    screen = calib.head(n_screen) if n_screen > 0 else None
     judge = Judge(model, FeedSet.for_model(select, model, bs), None if screen is None else FeedSet.for_model(screen, model, bs),
                   tol, gate, target.gate_config)
     first = judge(qdq)
