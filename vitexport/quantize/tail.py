@@ -26,9 +26,11 @@ import numpy as np
 
 __all__ = ["GateInfo", "Prediction", "TAIL_MARGIN", "predict", "sample_errors", "held_out_ratio"]
 
-#: multiplies the predicted worst-case error ``1 − cos``; learned on the bench's tuning half
-#: (even seeds): the smallest factor with the prediction at or below the measured value on every case
-TAIL_MARGIN = 1.0
+#: multiplies the predicted worst-case error ``1 − cos``; learned on the bench's tuning half (even seeds):
+#: the smallest factor that put every tuning prediction at or below the gate's measurement was 1.31 (gen08:
+#: predicted 1 − 0.99860, measured 1 − 0.99817; gen06 needed none: 0.99725 vs 0.99814), rounded up to 1.5
+#: because it rests on few pairs. The lognormal bound alone missed in 2 of 5 first pairs.
+TAIL_MARGIN = 1.5
 #: the probability that the gate's worst sample is worse than the prediction (the tail model's)
 _MISS = 0.05
 _N01 = NormalDist()
