@@ -48,11 +48,14 @@ def code_digest(*roots: Path, patterns: tuple[str, ...] = ("*.py", "*.yaml")) ->
 
 
 class CaseBench(Bench):
-    """Walks a :class:`~bench.plan.CasePlan`; ``paths``: the tools to measure now (others' records stand)."""
+    """Walks a :class:`~bench.plan.CasePlan`; ``paths``: the tools to measure now (others' records stand);
+    ``extra_only``: only the extra cells (ViT-B/16 at 256 samples: memory and quantize time beside NNCF)."""
 
     def __init__(self, plan: CasePlan, work: Path, cap_gb: float, resume: bool, log=print,
-                 paths: tuple[str, ...] | None = None, latency: bool = True, peers_python: Path = PEERS_PYTHON):
+                 paths: tuple[str, ...] | None = None, latency: bool = True, peers_python: Path = PEERS_PYTHON,
+                 extra_only: bool = False):
         super().__init__(plan, work, cap_gb, resume, log)
+        self.extra_only = extra_only
         self.paths = tuple(paths or plan.paths)
         self.latency = latency
         self.peers_python = Path(peers_python)
@@ -134,7 +137,8 @@ class CaseBench(Bench):
         if not prep_rec.get("ok"):
             return
         prep = prep_rec["data"]
-        cells = [(p, plan.num_samples) for p in plan.paths_of(case)] + list(plan.extra.get(case, ()))
+        head = [] if self.extra_only else [(p, plan.num_samples) for p in plan.paths_of(case)]
+        cells = head + list(plan.extra.get(case, ()))
         files: dict[str, str] = {}
         for n in sorted({n for _, n in cells}):
             calib = self.calib_file(case, prep, n)

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", help="comma-separated subset of the plan's models / cases")
     ap.add_argument("--paths", help=f"peers plan: measure only these tools now ({','.join(PATHS)}); the others' records stand")
     ap.add_argument("--no-latency", action="store_true", help="peers plan: skip the latency run")
+    ap.add_argument("--extra-only", action="store_true", help="peers plan: only the extra cells (larger calibration sets)")
     ap.add_argument("--work", default=str(BENCH_DIR / "work"), help="scratch folder (git-ignored)")
     ap.add_argument("--out", default=None, help="report path (default bench/results.md, legacy bench/results-legacy.md; "
                                                "--quick: bench/work/results-*quick.md)")
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     # --paths implies --resume: measuring some tools only makes sense beside the others' records.
     resume = a.resume or a.render_only or paths is not None
     if peers:
-        bench: Bench = CaseBench(plan, work, cap_gb, resume=resume, paths=paths, latency=not a.no_latency)
+        bench: Bench = CaseBench(plan, work, cap_gb, resume=resume, paths=paths, latency=not a.no_latency,
+                                 extra_only=a.extra_only)
     else:
         bench = Bench(plan, work, cap_gb, resume=resume)
         bench.vx_overrides = tuple(a.vx_set)
