@@ -11,22 +11,22 @@ from vitexport.calibration import random_samples
 from vitexport.quantize import quantize_int8
 
 
-def _vit(tmp_path, peak: float):
-    """A tiny ViT with 65 tokens; ``peak`` scales head 0's queries and keys in every block: that head's attention
-    becomes sharp (probabilities near 1 set the per-tensor INT8 scale of the Softmax output) while the other
-    heads' stay diffuse (probabilities near 1/65, a few INT8 steps)."""
-    m = tiny_vit(img=32, patch=4, depth=2)
+def _vit(tmp_path, patch: int, peak: float):
+    """A tiny ViT (patch 8: 17 tokens, patch 4: 65); ``peak`` scales head 0's queries and keys in every block:
+    that head's attention becomes sharp (probabilities near 1 set the per-tensor INT8 scale of the Softmax
+    output) while the other heads' stay diffuse (probabilities near 1/65, a few INT8 steps)."""
+    m = tiny_vit(img=32, patch=patch, depth=2)
     with torch.no_grad():
         for blk in m.blocks:
             blk.attn.qkv.weight[0:64] *= peak
             blk.attn.qkv.weight[192:256] *= peak
     ex = {"x": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
-    return export_onnx(m, ex, tmp_path / f"vit{peak}.onnx", 17), random_samples(ex, 96, seed=0)
+    return export_onnx(m, ex, tmp_path / f"vit{patch}_{peak}.onnx", 17), random_samples(ex, 96, seed=0)
 
 
-@pytest.mark.parametrize("peak,expect_float", [(1.0, False), (5.0, True)])
-def test_attn_v_goes_float_only_where_it_hurts(tmp_path, peak, expect_float):
-    path, calib = _vit(tmp_path, peak)
+@pytest.mark.parametrize("patch,peak,expect_float", [(8, 1.0, False), (4, 5.0, True)])
+def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_float):
+    path, calib = _vit(tmp_path, patch, peak)
     rep = quantize_int8(path, tmp_path / "m.onnx", calib, recipe("orin"), tmp_path / "w")
     att = rep.attention
     assert att["pv"] == 2 and att["qk"] == 2
