@@ -88,8 +88,8 @@ def _attention(q) -> list[str]:
         return [f"attention: Q·Kᵀ INT8 in {a['qk_int8']}/{a['qk']} layer(s), attn·V INT8 in all {a['pv']} "
                 "(what TensorRT's fused INT8 attention needs)"]
     return [f"attention: attn·V kept in float in {len(a['pv_float'])}/{a['pv']} layer(s) ({a['pv_float_macs_share']:.1%} of "
-            "quantized MACs) because INT8 there missed the predicted budget; TensorRT runs those attentions unfused "
-            "or in FP16: the accuracy-for-speed trade the fallback measured"]
+            "quantized MACs): INT8 there cost the predicted worst case (the attn·V line above); TensorRT runs those "
+            "attentions unfused or in FP16: the accuracy-for-speed trade the fallback measured"]
 
 
 def _predicted(q) -> list[str]:
