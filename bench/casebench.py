@@ -13,9 +13,9 @@ Per case and calibration size ``n`` (:class:`bench.plan.CasePlan`):
 5. ``q|RID``: each INT8 file scored on ``score.npz`` (no tool saw it), Q/DQ as float, vs torch.
 6. ``lat|CASE``: ONNX Runtime CPU latency of the FP32 and every INT8 file.
 
-Records are keyed by their inputs' content: a vitexport record by a digest of ``vitexport/`` and
-``recipes/`` (a code change re-measures it), a peer's by the digests of the FP32 file and calibration
-file it got (unchanged → its record stands). So ``--resume`` after editing the quantizer re-runs
+Records are keyed by their inputs' content: a vitexport record by a digest of ``vitexport/`` (its code
+and the recipes it ships in ``vitexport/targets/``: a code or recipe change re-measures it), a peer's
+by the digests of the FP32 file and calibration file it got (unchanged → its record stands). So ``--resume`` after editing the quantizer re-runs
 vitexport, its scoring and the latency, and keeps every peer's figures.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class CaseBench(Bench):
         self.paths = tuple(paths or plan.paths)
         self.latency = latency
         self.peers_python = Path(peers_python)
-        self.vx_code = code_digest(REPO / "vitexport", REPO / "recipes")
+        self.vx_code = code_digest(REPO / "vitexport")  # vitexport/targets/*.yaml: the recipes a run loads
 
     # --- one cell per tool ------------------------------------------------------------------------
     def _skip(self, rid: str, why: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qcases import recipe
+from qcases import target
 from qmodels import export_onnx, tiny_vit
 from vitexport.calibration import random_samples
 from vitexport.quantize import quantize_int8
@@ -27,7 +27,7 @@ def _vit(tmp_path, patch: int, peak: float):
 @pytest.mark.parametrize("patch,peak,expect_float", [(8, 1.0, False), (4, 5.0, True)])
 def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_float):
     path, calib = _vit(tmp_path, patch, peak)
-    rep = quantize_int8(path, tmp_path / "m.onnx", calib, recipe("orin"), tmp_path / "w")
+    rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin"), tmp_path / "w")
     att = rep.attention
     assert att["pv"] == 2 and att["qk"] == 2
     assert bool(att["pv_float"]) == expect_float

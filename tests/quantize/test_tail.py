@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from qcases import recipe
+from qcases import target
 from qmodels import export_onnx
 from vitexport.calibration import NpzSamples
 from vitexport.calibration.feeds import FeedSet
-from vitexport.engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, Session
 from vitexport.parity.metrics import compare
 from vitexport.quantize import GateInfo, quantize_int8
 from vitexport.quantize.tail import predict, sample_errors
@@ -65,7 +65,7 @@ def _gate(path, int8, parity, r):
     feeds = FeedSet(parity, 1)
     ref = np.concatenate([Session(path, LOW_MEMORY).run(None, f)[0] for f in feeds])
     out = np.concatenate([Session(int8, QDQ_AS_FLOAT).run(None, f)[0] for f in feeds])
-    return compare(ref, out, r.tolerance("quantize_int8"))
+    return compare(ref, out, r.recipe.tolerance("quantize_int8"))
 
 
 TIGHT = ("parity.quantize_int8.cosine_min=0.995", "parity.quantize_int8.top1_agreement=null",
@@ -74,7 +74,7 @@ TIGHT = ("parity.quantize_int8.cosine_min=0.995", "parity.quantize_int8.top1_agr
 
 def test_a_tail_invisible_in_the_selection_samples_still_meets_the_gate(switch, tmp_path):
     path, calib, parity = switch
-    r = recipe("orin", *TIGHT)
+    r = target("orin", *TIGHT)
     rep = quantize_int8(path, tmp_path / "m.onnx", calib, r, tmp_path, GateInfo(len(parity)))
     before = rep.parity_before_fallback
     assert before["selection"]["passed"], "the held-out samples alone see no problem: the tail is invisible there"
@@ -87,7 +87,7 @@ def test_a_tail_invisible_in_the_selection_samples_still_meets_the_gate(switch, 
 
 def test_without_the_screen_the_selection_minimum_would_have_passed_a_failing_gate(switch, tmp_path):
     path, calib, parity = switch
-    r = recipe("orin", *TIGHT, "quantization.fallback.screen_samples=0")
+    r = target("orin", *TIGHT, "quantization.fallback.screen_samples=0")
     rep = quantize_int8(path, tmp_path / "m.onnx", calib, r, tmp_path, GateInfo(len(parity)))
     assert rep.budget_met and not rep.float_fallback  # 32 common samples: nothing to see
     assert not _gate(path, tmp_path / "m.onnx", parity, r), "the planted tail must fail the gate when nobody looks"

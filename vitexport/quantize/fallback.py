@@ -2,7 +2,7 @@
 
 Decided honestly: on the *calibration* data (a held-out part never calibrated on, plus a screen of
 calibrated samples; never the parity data the gate then scores), with the gate's own arithmetic (the
-target's :class:`~vitexport.engines.sessions.SessionConfig`) on the very graph that is written, and
+target's :class:`~vitexport.runners.sessions.SessionConfig`) on the very graph that is written, and
 judged by the gate's *predicted* figures over as many samples as the gate scores (:mod:`.judge`,
 :mod:`.tail`), not by the selection samples' minimum.
 
@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..calibration.feeds import FeedSet
-from ..engines.sessions import LOW_MEMORY, Session, SessionConfig
+from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..graph.query import const_array
 from .convert import WeightCache, convert
 from .judge import Verdict

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..calibration.feeds import FeedSet
-from ..engines.sessions import LOW_MEMORY, Session, SessionConfig
+from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
 from .tail import GateInfo, Prediction, predict
