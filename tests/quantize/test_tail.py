@@ -113,3 +113,21 @@ def test_the_screen_is_capped_by_compute():
     assert screen_size(64, int(1.1e9)) == 64  # a ViT-S at 128 px: the whole screen
     assert screen_size(64, int(17.5e9)) == 16  # ViT-B/16 at 224: the floor, its quantize stage must stay quick
     assert screen_size(0, int(1e9)) == 0
+
+
+def test_a_loss_that_no_label_can_count_is_not_predicted():
+    """The fallback checks the expected flips against ``accuracy_drop`` only as far as accuracy can
+    drop: labels that do not index the output (the bench's text encoder: topic labels 0–7 beside a
+    192-wide embedding, 0 % accuracy) made it keep 47 % of the MACs float for flips no label counts."""
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((50, 192)).astype(np.float32)
+    out[:, 8] += 10.0  # top-1 is channel 8 on every sample
+    topics = rng.integers(0, 8, 50)
+    embedding = GateInfo.from_reference(out, topics)
+    assert embedding == GateInfo(50, True, 0.0) and embedding.accuracy_drop(0.01) == 0.0
+    labels = np.where(np.arange(50) < 40, 8, topics)  # the untouched model right on 40 of 50
+    classifier = GateInfo.from_reference(out, labels)
+    assert classifier.reference_accuracy == 0.8
+    assert classifier.accuracy_drop(0.01) == 0.01 and classifier.accuracy_drop(0.9) == 0.8
+    assert GateInfo.from_reference(out, None) == GateInfo(50) and GateInfo(50).accuracy_drop(0.01) == 0.01
+    assert GateInfo.from_reference(out.reshape(50, 12, 16), labels).reference_accuracy is None  # not logits

@@ -104,5 +104,5 @@ class Judge:
         if self.tol.cosine_min is not None:
             checks["predicted cosine_min"] = pred.cosine_min >= self.tol.cosine_min
         if self.gate.labelled and self.tol.accuracy_drop is not None and pred.flip_rate is not None:
-            checks["predicted accuracy_drop"] = pred.flip_rate <= self.tol.accuracy_drop
+            checks["predicted accuracy_drop"] = self.gate.accuracy_drop(pred.flip_rate) <= self.tol.accuracy_drop
         return Verdict(sel, pred, checks)

@@ -14,7 +14,8 @@ over hundreds (measured: 0.996 on 32 selection samples, 0.958 on the gate's 397)
   never above the worst pooled sample;
 * **top-1**: a flip is a noise draw crossing the reference's top-1/top-2 margin; the expected flip
   rate over new samples is ``mean Φ(−m/(√2 σ))`` over the pooled samples (``m`` the margin, ``σ`` the
-  sample's RMS output error), an upper bound of the accuracy drop.
+  sample's RMS output error), an upper bound of the accuracy drop, which is also never more than the
+  untouched model's accuracy on the gate's labels (:meth:`GateInfo.accuracy_drop`).
 """
 from __future__ import annotations
 
@@ -38,10 +39,33 @@ _N01 = NormalDist()
 
 @dataclass(frozen=True)
 class GateInfo:
-    """What the INT8 gate will score: how many samples, and whether they carry labels (accuracy gate)."""
+    """What the INT8 gate will score: how many samples, whether they carry labels (accuracy gate), and
+    the untouched model's accuracy on them.
+
+    Attributes:
+        samples: the parity samples the gate scores.
+        labelled: whether they carry labels.
+        reference_accuracy: the untouched model's top-1 accuracy on them (None: not known). Accuracy
+            cannot drop by more than it: labels that do not index the output (an embedding's channels,
+            0 % accuracy) predict no loss, so the fallback does not chase flips no label can count.
+    """
 
     samples: int
     labelled: bool = False
+    reference_accuracy: float | None = None
+
+    @classmethod
+    def from_reference(cls, output: np.ndarray, labels: np.ndarray | None) -> GateInfo:
+        """The gate of a golden reference: its sample count, labels and (for 2-D outputs) accuracy."""
+        if labels is None:
+            return cls(len(output))
+        acc = float((output.argmax(1) == np.asarray(labels).reshape(-1)).mean()) if output.ndim == 2 else None
+        return cls(len(output), True, acc)
+
+    def accuracy_drop(self, flip_rate: float) -> float:
+        """The predicted accuracy drop: every expected flip a lost sample, but never more than the
+        reference's accuracy (a sample the untouched model gets wrong cannot be lost)."""
+        return flip_rate if self.reference_accuracy is None else min(flip_rate, self.reference_accuracy)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class QuantizeStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        gate = GateInfo(len(ctx.reference.output), ctx.reference.labels is not None)
+        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.labels)
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
         notes = [*q.notes, *_predicted(q), *_attention(q), *_precision(q), ctx.target.arithmetic]
         # the scale table and what the target wrote from the scales (orin: calibration.cache) are
