@@ -57,7 +57,7 @@ $(PEERS_VENV)/.installed: bench/peers-requirements.txt bench/peers-constraints.t
 
 bench-peers: $(PEERS_VENV)/.installed  ## the peers' venv for make bench (NNCF, ModelOpt)
 
-bench: bench-peers  ## issue 11: vitexport beside NNCF / ModelOpt / quantize_static on held-out data -> bench/results.md (~1 h)
+bench: bench-peers  ## issues 11 and 19: vitexport beside NNCF / ModelOpt / quantize_static on held-out data, trained models and a seeded distribution of hard cases (odd seeds held out) -> bench/results.md
 	$(BIN)/python -m bench.run
 
 bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (peers measured when their venv exists)

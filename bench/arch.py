@@ -13,10 +13,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder"]
+__all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder",
+           "PostLNBlock", "build_gen_vit", "PHOTO_SWIN", "build_photo_swin", "photo_swin", "DOC", "build_doc_encoder",
+           "doc_encoder", "ClsPoolEncoder"]
 
 #: The digits ViT: 8×8 scikit-learn digits rendered at 32×32 with augmentation; 64 patches + CLS.
 DIGITS = dict(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0)
+#: The photo Swin: a Swin transformer (shifted windows: an additive mask on the attention logits, relative
+#: position bias, patch merging) on 32×32 crops of 17 bundled photographs (which photo a crop comes from).
+PHOTO_SWIN = dict(img_size=32, patch_size=4, in_chans=3, num_classes=17, embed_dim=64, depths=(2, 2), num_heads=(2, 4),
+                  window_size=4, drop_path_rate=0.1)
+#: The doc encoder: pre-LN RoBERTa (HF ``RobertaPreLayerNorm``), ReLU FFN, [CLS] pooling, word-level vocabulary,
+#: trained on docstrings of Python's standard library (which package a passage documents).
+DOC = dict(vocab_size=3000, hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=768,
+           seq_len=48, num_classes=8)
 #: The text encoder: BERT-style (post-LN), 64 tokens with a padding mask, mean pooling over real tokens.
 TEXT = dict(vocab_size=1024, hidden_size=192, num_hidden_layers=4, num_attention_heads=6, intermediate_size=768,
             seq_len=64, num_topics=8)
@@ -74,3 +84,93 @@ def text_encoder():
     mask = torch.ones(1, seq, dtype=torch.long)
     mask[0, seq // 2:] = 0  # an example with padding: the export must not specialise on "no padding"
     return build_text_encoder(), {"input_ids": ids, "attention_mask": mask}
+
+
+class PostLNBlock(nn.Module):
+    """A post-LN transformer block (BERT's order, ``x = LN(x + f(x))``) with timm's Block's submodule
+    names (``norm1``, ``attn``, ``norm2``, ``mlp``), so timm's VisionTransformer takes it as ``block_fn``.
+    The LayerNorm output is both the residual stream and the next Linears' input."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, act_layer=None,
+                 norm_layer=None, **_):
+        super().__init__()
+        from timm.layers import Mlp
+        from timm.models.vision_transformer import Attention
+
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer or nn.GELU)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.mlp(x))
+
+
+def build_gen_vit(img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int, num_classes: int = 100,
+                  norm: str = "pre", act: str = "gelu", **_) -> nn.Module:
+    """A generated bench case's architecture (:mod:`bench.gen`): a timm VisionTransformer, pre-LN (timm's
+    Block) or post-LN (:class:`PostLNBlock`, with an embedding LayerNorm in front as BERT has and no final
+    one), GELU or ReLU MLPs. Random weights; the case's weights come from ``--weights``."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    post = norm == "post"
+    return VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                             num_heads=num_heads, num_classes=num_classes, act_layer=nn.ReLU if act == "relu" else nn.GELU,
+                             block_fn=PostLNBlock if post else _timm_block(), pre_norm=post,
+                             final_norm=not post).eval()
+
+
+def _timm_block():
+    from timm.models.vision_transformer import Block
+
+    return Block
+
+
+def build_photo_swin(**overrides) -> nn.Module:
+    """A timm SwinTransformer with :data:`PHOTO_SWIN` (``overrides`` for tiny test settings)."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(**{**PHOTO_SWIN, **overrides}).eval()
+
+
+def photo_swin():
+    """``python:`` entry point: the photo Swin and one example input named ``x``."""
+    return build_photo_swin(), {"x": torch.zeros(1, 3, PHOTO_SWIN["img_size"], PHOTO_SWIN["img_size"])}
+
+
+class ClsPoolEncoder(nn.Module):
+    """A sentence encoder that returns the first ([CLS]) token of the last hidden state, through a linear
+    classifier: the exported output is the logits."""
+
+    def __init__(self, roberta: nn.Module, hidden: int, classes: int):
+        super().__init__()
+        self.roberta = roberta
+        self.classifier = nn.Linear(hidden, classes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.roberta(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.classifier(h[:, 0])
+
+
+def build_doc_encoder(**overrides) -> ClsPoolEncoder:
+    """The :data:`DOC` encoder with random weights (``overrides`` for tiny test settings)."""
+    from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormModel
+
+    cfg = {**DOC, **overrides}
+    rc = RobertaPreLayerNormConfig(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                                   num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=cfg["num_attention_heads"],
+                                   intermediate_size=cfg["intermediate_size"], max_position_embeddings=cfg["seq_len"] + 2,
+                                   hidden_act="relu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                   pad_token_id=0, attn_implementation="eager")
+    return ClsPoolEncoder(RobertaPreLayerNormModel(rc, add_pooling_layer=False), cfg["hidden_size"], cfg["num_classes"]).eval()
+
+
+def doc_encoder():
+    """``python:`` entry point: the doc encoder and example ``input_ids`` / ``attention_mask`` (int64)."""
+    seq = DOC["seq_len"]
+    ids = torch.full((1, seq), 5, dtype=torch.long)
+    mask = torch.ones(1, seq, dtype=torch.long)
+    mask[0, seq // 2:] = 0
+    ids[0, seq // 2:] = 0
+    return build_doc_encoder(), {"input_ids": ids, "attention_mask": mask}

@@ -13,9 +13,9 @@ Per case and calibration size ``n`` (:class:`bench.plan.CasePlan`):
 5. ``q|RID``: each INT8 file scored on ``score.npz`` (no tool saw it), Q/DQ as float, vs torch.
 6. ``lat|CASE``: ONNX Runtime CPU latency of the FP32 and every INT8 file.
 
-Records are keyed by their inputs' content: a vitexport record by a digest of ``vitexport/`` and
-``recipes/`` (a code change re-measures it), a peer's by the digests of the FP32 file and calibration
-file it got (unchanged → its record stands). So ``--resume`` after editing the quantizer re-runs
+Records are keyed by their inputs' content: a vitexport record by a digest of ``vitexport/`` (its code
+and the recipes it ships in ``vitexport/targets/``: a code or recipe change re-measures it), a peer's
+by the digests of the FP32 file and calibration file it got (unchanged → its record stands). So ``--resume`` after editing the quantizer re-runs
 vitexport, its scoring and the latency, and keeps every peer's figures.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from .cases import CASES, file_digest, write_calib_subset
 from .plan import CasePlan
 from .proc import REPO
-from .run import Bench
+from .harness import Bench
 
 __all__ = ["CaseBench", "PEERS_PYTHON", "code_digest", "PEER_TASKS"]
 
@@ -48,15 +48,18 @@ def code_digest(*roots: Path, patterns: tuple[str, ...] = ("*.py", "*.yaml")) ->
 
 
 class CaseBench(Bench):
-    """Walks a :class:`~bench.plan.CasePlan`; ``paths``: the tools to measure now (others' records stand)."""
+    """Walks a :class:`~bench.plan.CasePlan`; ``paths``: the tools to measure now (others' records stand);
+    ``extra_only``: only the extra cells (ViT-B/16 at 256 samples: memory and quantize time beside NNCF)."""
 
     def __init__(self, plan: CasePlan, work: Path, cap_gb: float, resume: bool, log=print,
-                 paths: tuple[str, ...] | None = None, latency: bool = True, peers_python: Path = PEERS_PYTHON):
+                 paths: tuple[str, ...] | None = None, latency: bool = True, peers_python: Path = PEERS_PYTHON,
+                 extra_only: bool = False):
         super().__init__(plan, work, cap_gb, resume, log)
+        self.extra_only = extra_only
         self.paths = tuple(paths or plan.paths)
         self.latency = latency
         self.peers_python = Path(peers_python)
-        self.vx_code = code_digest(REPO / "vitexport", REPO / "recipes")
+        self.vx_code = code_digest(REPO / "vitexport")  # vitexport/targets/*.yaml: the recipes a run loads
 
     # --- one cell per tool ------------------------------------------------------------------------
     def _skip(self, rid: str, why: str) -> dict:
@@ -134,7 +137,8 @@ class CaseBench(Bench):
         if not prep_rec.get("ok"):
             return
         prep = prep_rec["data"]
-        cells = [(p, plan.num_samples) for p in plan.paths] + list(plan.extra.get(case, ()))
+        head = [] if self.extra_only else [(p, plan.num_samples) for p in plan.paths_of(case)]
+        cells = head + list(plan.extra.get(case, ()))
         files: dict[str, str] = {}
         for n in sorted({n for _, n in cells}):
             calib = self.calib_file(case, prep, n)

@@ -25,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CaseSpec", "CASES", "prepare_case", "plant_vit_outliers", "write_calib_subset", "file_digest"]
+from .gen import draw, is_held_out, prepare_gen
+from .splits import select_calibration
+
+__all__ = ["CaseSpec", "CASES", "GEN_SEEDS", "prepare_case", "plant_vit_outliers", "write_calib_subset", "file_digest"]
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -42,6 +45,7 @@ class CaseSpec:
         kind: ``classifier`` (logits; top-1 agreement, accuracy with labels) or ``embedding``.
         trained: trained weights with labelled data (accuracy is reported).
         script: the training script under ``scripts/`` (None: not trained here).
+        seed: the :mod:`bench.gen` seed of a generated case (None: a hand-made one).
     """
 
     key: str
@@ -49,6 +53,18 @@ class CaseSpec:
     kind: str
     trained: bool
     script: str | None = None
+    seed: int | None = None
+
+    @property
+    def generated(self) -> bool:
+        """A case of issue 19's distribution (:mod:`bench.gen`)."""
+        return self.seed is not None
+
+    @property
+    def held_out(self) -> bool:
+        """Counts in the held-out figures: an odd generated seed, or a trained model (never tuned on
+        this issue's choices beyond the ones the issue names)."""
+        return is_held_out(self.seed) if self.seed is not None else self.trained
 
 
 CASES: dict[str, CaseSpec] = {
@@ -60,8 +76,15 @@ CASES: dict[str, CaseSpec] = {
                  True, "train_text_encoder.py"),
         CaseSpec("vit_base_outlier", "ViT-B/16 + LayerNorm ×40 outlier channels, residual outliers and sink tokens",
                  "classifier", False),
+        CaseSpec("photo_swin", "Swin on 32×32 crops of 17 bundled photos (trained, shifted-window mask)", "classifier", True,
+                 "train_photo_swin.py"),
+        CaseSpec("doc_encoder", "pre-LN RoBERTa on Python stdlib docstrings (trained, ReLU, [CLS] pooling, padding mask)",
+                 "classifier", True, "train_doc_encoder.py"),
+        *(CaseSpec(f"gen{s:02d}", draw(s).title(), "classifier", False, seed=s) for s in range(16)),
     )
 }
+#: the generated distribution's seeds in the bench (even: tuning half, odd: held out)
+GEN_SEEDS = tuple(c.seed for c in CASES.values() if c.seed is not None)
 
 
 def file_digest(path: str | Path, n: int = 16) -> str:
@@ -139,11 +162,9 @@ def plant_vit_outliers(model, seed: int = 0, ln_channels: int = 6, ln_factor: fl
 def write_calib_subset(src: Path, dst: Path, n: int, seed: int = 0) -> Path:
     """The ``n`` calibration samples every tool gets, as their own uncompressed ``.npz``.
 
-    Rows are the seeded subset vitexport itself draws from ``src`` (:func:`bench.worker.select_calibration`),
+    Rows are the seeded subset vitexport itself draws from ``src`` (:func:`bench.splits.select_calibration`),
     in file order; given this file and ``num_samples=n``, vitexport takes every row, and so do the peers.
     """
-    from bench.worker import select_calibration
-
     with np.load(src) as z:
         arrays = {k: z[k] for k in z.files if k != "y"}
     idx = select_calibration(len(next(iter(arrays.values()))), n, seed)
@@ -232,13 +253,9 @@ def _trained(spec: CaseSpec, work: Path, tiny: bool) -> tuple[object, dict]:
     loader = importlib.util.spec_from_file_location("bench_arch_by_path", ARCH)
     arch = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(arch)
-    fn = "digits_vit" if spec.key == "digits_vit" else "text_encoder"
+    fn = spec.key  # the python: entry point of bench/arch.py; build_<key> takes the trained config
     if tiny:
-        cfg = meta["config"]
-        if spec.key == "digits_vit":
-            model = arch.build_digits_vit(**{k: cfg[k] for k in ("embed_dim", "depth", "num_heads")})
-        else:
-            model = arch.build_text_encoder(**{k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")})
+        model = getattr(arch, f"build_{fn}")(**meta["config"])
     else:
         model, _ = getattr(arch, fn)()
     model.load_state_dict(load_file(str(work / "weights.safetensors")))
@@ -267,7 +284,9 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
     """
     work.mkdir(parents=True, exist_ok=True)
     sizes = {"parity": 32, "score": 64, **(sizes or {})}
-    if spec.key == "vit_base_outlier":
+    if spec.generated:
+        model, info = prepare_gen(draw(spec.seed), work, max_calib, sizes["parity"], sizes["score"])
+    elif spec.key == "vit_base_outlier":
         model, info = _vit_base(work, max_calib, sizes["parity"], sizes["score"], seed)
     elif spec.key == "demo":
         model, info = _demo(work)

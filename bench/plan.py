@@ -129,6 +129,7 @@ class CasePlan:
         latency_runs: case → timed runs; default ``default_runs``.
         timeout_s: a measurement still running after this long is killed.
         tiny: the training scripts' ``--tiny`` settings (tests only).
+        case_paths: case → the tools measured on it (default: all of ``paths``).
     """
 
     name: str
@@ -142,6 +143,11 @@ class CasePlan:
     warmup: int = 3
     timeout_s: float = 2400.0
     tiny: bool = False
+    case_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def paths_of(self, case: str) -> tuple[str, ...]:
+        """The tools measured on ``case`` (all of :attr:`paths` unless :attr:`case_paths` cuts them)."""
+        return tuple(p for p in self.paths if p in self.case_paths.get(case, self.paths))
 
     def max_calib(self, case: str) -> int:
         return max([self.num_samples, *(n for _, n in self.extra.get(case, ()))])
@@ -154,15 +160,33 @@ class CasePlan:
         return self.cases
 
 
+#: parity / score sizes of a generated case: the gate scores more samples than the fallback's 32
+#: selection samples (issue 19: predict the parity set's tail); ViT-B width costs 4× per sample
+GEN_SIZES = {"S": {"parity": 256, "score": 256}, "B": {"parity": 128, "score": 128}}
+
+
+def gen_cases(seeds) -> tuple[tuple[str, ...], dict[str, dict[str, int]]]:
+    """Case keys and sizes of the generated cases of ``seeds`` (:mod:`bench.gen`)."""
+    from .gen import draw
+
+    keys = tuple(f"gen{s:02d}" for s in seeds)
+    return keys, {k: GEN_SIZES[draw(s).width] for k, s in zip(keys, seeds)}
+
+
 def cases_plan() -> CasePlan:
     """``make bench``: every case, every tool, 128 calibration samples; ViT-B/16 at 256 for vitexport
-    and NNCF too (issue 11: whole process ≤ 2.5 GB, quantize stage no slower than NNCF's)."""
+    and NNCF too (issue 11: whole process ≤ 2.5 GB, quantize stage no slower than NNCF's); the generated
+    distribution (issue 19) with vitexport, NNCF and plain ``quantize_static`` (ModelOpt collapses on
+    outlier models — measured on the hand-made cases — and would double the run)."""
+    keys, sizes = gen_cases(range(16))
     return CasePlan(
         name="peers",
-        cases=("demo", "digits_vit", "text_encoder", "vit_base_outlier"),
+        cases=("demo", "digits_vit", "text_encoder", "photo_swin", "doc_encoder", "vit_base_outlier", *keys),
         extra={"vit_base_outlier": (("vx", 256), ("nncf", 256))},
-        sizes={"vit_base_outlier": {"parity": 32, "score": 64}},
-        latency_runs={"demo": 100, "digits_vit": 50, "text_encoder": 50, "vit_base_outlier": 10},
+        sizes={"vit_base_outlier": {"parity": 32, "score": 64}, **sizes},
+        latency_runs={"demo": 100, "digits_vit": 50, "text_encoder": 50, "photo_swin": 50, "doc_encoder": 50,
+                      "vit_base_outlier": 10},
+        case_paths={k: ("vx", "nncf", "plain") for k in keys},
     )
 
 

@@ -13,6 +13,7 @@ from .cases import CASES
 from .plan import CasePlan
 from .proc import GB, REPO
 from .report import _f4, _fail, _gb, _pct, _s, _short, _x
+from .report_dist import render_distribution
 
 __all__ = ["render_cases", "TOOL_TITLES", "tool_row"]
 
@@ -243,6 +244,7 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
         "(ONNX Runtime, `session.disable_quant_qdq=1`: TensorRT's arithmetic) against the untouched torch model. "
         f"Peers: {', '.join(peer_versions) or 'see the cells'}.",
         "",
+        *render_distribution(records, plan),
         "## Issue 11: done when",
         "",
         *_checks(r, plan),
@@ -262,7 +264,8 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
         "",
     ]
     for case in plan.cases:
-        lines += _case_table(r, plan, case)
+        if not CASES[case].generated:  # the generated distribution has its own compact tables above
+            lines += _case_table(r, plan, case)
     lines += _extra_table(r, plan)
     lines += ["## Latency (median, ms)", "", *_latency(r, plan), "", "## Cases", ""]
     for case in plan.cases:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .splits import select_calibration
+
 __all__ = ["TASKS", "main", "select_calibration", "vm_hwm_bytes"]
 
 
@@ -24,16 +26,6 @@ def vm_hwm_bytes() -> int:
     from vitexport.memory import process_peak_bytes
 
     return int(process_peak_bytes() or 0)
-
-
-def select_calibration(n_total: int, num_samples: int, seed: int = 0) -> np.ndarray:
-    """The sample indices vitexport draws from an ``.npz`` (``calibration.data._load_npz``).
-
-    The plain path is fed exactly the samples vitexport calibrates on: a sorted, seeded permutation.
-    """
-    if num_samples >= n_total:
-        return np.arange(n_total)
-    return np.sort(np.random.default_rng(seed).permutation(n_total)[:num_samples])
 
 
 def _load_torch_model(model_key: str, weights: str):
@@ -126,7 +118,26 @@ def task_vitexport(a: dict) -> dict:
         stage_peaks = {k: v["peak_rss_bytes"] for k, v in man.get("stages", {}).items() if v.get("peak_rss_bytes")}
     files = {n: str(out / n) for n in ("model.raw.onnx", "model.fp32.onnx", "model.int8.onnx") if (out / n).is_file()}
     return {"seconds": seconds, "stage_seconds": stage_seconds, "stage_peak_bytes": stage_peaks, "gate_failure": gate,
-            "files": files, "resumed": resumed}
+            "files": files, "resumed": resumed, **_gate_figures(out / "parity.json")}
+
+
+def _gate_figures(parity_json: Path) -> dict:
+    """What the fallback predicted and what the INT8 gate then measured (``parity.json``), the pair issue 19's
+    bench counts, and what the fallback kept in float."""
+    if not parity_json.is_file():
+        return {}
+    stages = json.loads(parity_json.read_text()).get("stages", [])
+    st = next((x for x in stages if x.get("stage") == "quantize_int8"), None)
+    if not st:
+        return {}
+    q = (st.get("details") or {}).get("quantize") or {}
+    m = st.get("metrics") or {}
+    keep = ("cosine_min", "cosine_mean", "top1_agreement", "top1_agreement_gated", "accuracy", "reference_accuracy")
+    return {"gate_measured": {k: m.get(k) for k in keep}, "gate_passed": st.get("passed"),
+            "predicted": (q.get("parity") or {}).get("prediction"),
+            "predicted_before_fallback": (q.get("parity_before_fallback") or {}).get("prediction"),
+            "float_nodes": [f.get("node") for f in q.get("float_fallback") or []],
+            "float_macs_share": q.get("float_macs_share"), "attention": q.get("attention")}
 
 
 class _NpzReader:

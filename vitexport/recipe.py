@@ -258,6 +258,10 @@ class FallbackSpec(_Spec):
                     "fallback chooses its float layers; the parity data the gate scores is never used for that",
     )
     sensitivity_samples: int = Field(default=4, ge=1, description="samples used to rank layers by sensitivity")
+    screen_samples: int = Field(
+        default=64, ge=0,
+        description="calibration samples screened besides the held-out ones, so that the prediction of the gate's "
+                    "worst case over its many samples rests on more than the held-out few (0: held-out only)")
 
 
 class QuantizationSpec(_Spec):
@@ -279,6 +283,9 @@ class QuantizationSpec(_Spec):
                                   "with an inserted Mul")
     bias_correction: bool = Field(
         default=True, description="fold each Linear's mean INT8 output error into its float bias")
+    weight_rounding: Literal["nearest", "gptq"] = Field(
+        default="nearest", description="integer weights: round to nearest, or GPTQ (each Linear's output error on "
+                                       "its sampled input rows decides the rounding; the scales stay the same)")
     search_rows: int = Field(
         default=512, ge=16, description="activation rows per Linear input sampled for the searches (α, ranges, bias)")
     smooth_samples: int = Field(

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:  # ``bench`` is a top-level folder, not part of th
 from bench.plan import full_plan, quick_plan  # noqa: E402
 from bench.proc import GB, run_child  # noqa: E402
 from bench.report import render  # noqa: E402
-from bench.worker import select_calibration  # noqa: E402
+from bench.splits import select_calibration  # noqa: E402
 
 
 def test_child_reports_its_own_peak():

@@ -19,7 +19,9 @@ import torch
 from vitexport.cli import main
 from vitexport.demo import DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
 from vitexport.parity import Check
-from vitexport.parity.advice import failure_advice
+from vitexport.parity.metrics import compare
+from vitexport.recipe import Tolerance
+from vitexport.parity.advice import accepting_limit, failure_advice
 from vitexport.sources import load_model
 from vitexport.targets import load_recipe
 
@@ -57,11 +59,15 @@ def test_a_default_export_losing_half_a_point_exits_1_and_says_what_to_try(tmp_p
     lost = round(drop * 400)
     assert f"; {lost} of 400 labelled samples lost; try: calibration.num_samples=256 (now 128" in err[0]
     assert "quantization.fallback.max_float_layers=16 (now 8" in err[0]
-    assert f"or accept it: parity.quantize_int8.accuracy_drop={drop:.4g}" in err[0]
+    assert f"or accept it: parity.quantize_int8.accuracy_drop={lost / 400:.4g}" in err[0]  # k/400: ≤ 4 digits
     assert any("quantize_int8 failed its gate; " in n for n in json.loads((out / "parity.json").read_text())["notes"])
-    # the first thing it says to try is enough here
-    again = ["--set", "calibration.num_samples=256", "--no-resume"]
-    assert main(["export", "--target", "orin", "--out", str(tmp_path / "fixed"), *common, *again]) == 0, \
+    # what it says to accept is accepted: the same run with that limit passes. (Whether a quantizer step
+    # wins the point back is a coin toss here, not a property to test: the flips are near-ties the INT8
+    # noise crosses at random, Σ Φ(−margin/(√2·σ)) over the parity set expects 1.4–1.7 of them for every
+    # setting tried (128 or 256 calibration samples, attn·V INT8 or float, GPTQ), and 1.2 pass the gate.)
+    accept = err[0].split("or accept it: ")[1].split()[0]
+    again = ["--set", accept, "--no-resume"]
+    assert main(["export", "--target", "orin", "--out", str(tmp_path / "accepted"), *common, *again]) == 0, \
         capsys.readouterr().err
 
 
@@ -84,3 +90,45 @@ def test_advice_follows_the_recipe_and_the_data():
     assert passes == ("try: stages.fuse_qkv.enabled=false (export without this rewrite), --layers to find the first "
                       "block that diverges, or accept it: parity.fuse_qkv.max_abs=0.0003")
     assert "export.exporter=dynamo" in failure_advice("export_onnx", None, r, calib_samples=1)
+    # the limit to accept is rounded to the side that passes, and the gate counts samples, not float differences
+    assert failure_advice("quantize_int8", Check("accuracy_drop", 1 / 334, 0.003, "<=", False), r,
+                          calib_samples=128).endswith("accuracy_drop=0.002995")
+    assert failure_advice("quantize_int8", Check("cosine_min", 0.99126, 0.995, ">=", False), r,
+                          calib_samples=128).endswith("cosine_min=0.9912")
+    ref = np.eye(10, dtype=np.float32)[np.arange(400) % 10]
+    out = ref.copy()
+    out[:2] = np.roll(out[:2], 1, axis=1)  # 2 of 400 flipped: 1.0 − 0.995 in floats is 0.0050000000000000044
+    assert compare(ref, out, Tolerance(accuracy_drop=0.005), labels=np.arange(400) % 10)
+    assert not compare(ref, out, Tolerance(accuracy_drop=0.0049), labels=np.arange(400) % 10)
+
+
+def _flipped(n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One-hot logits of ``n`` labelled samples, all right, and a copy with the first ``k`` wrong."""
+    labels = np.arange(n) % 10
+    ref = np.eye(10, dtype=np.float32)[labels]
+    out = ref.copy()
+    out[:k] = np.roll(out[:k], 1, axis=1)
+    return ref, out, labels
+
+
+@pytest.mark.parametrize("n", [397, 400, 334, 1000, 61])
+def test_the_gate_counts_samples_and_the_advised_limit_passes_with_no_flip_to_spare(n):
+    """The drop is lost/n exactly (1 of 397 is 0.252 pt and passes the 0.3-point default), and the limit
+    the advice quotes passes the very run it was quoted for while a run losing one more sample still
+    fails it: rounded up for ``<=``, down for ``>=``, at 4 digits never so far as to admit a flip."""
+    ref, out, labels = _flipped(n, 1)
+    one = compare(ref, out, Tolerance(accuracy_drop=0.003), labels=labels)
+    assert one.checks[0].value == 1 / n and bool(one) == (1 / n <= 0.003)
+    for k in range(1, 8):
+        ref, out, labels = _flipped(n, k)
+        drop = compare(ref, out, Tolerance(accuracy_drop=0.0), labels=labels).failed_check
+        assert drop.metric == "accuracy_drop" and drop.value == k / n
+        limit = float(accepting_limit(drop))
+        assert compare(ref, out, Tolerance(accuracy_drop=limit), labels=labels)
+        more = _flipped(n, k + 1)
+        assert not compare(more[0], more[1], Tolerance(accuracy_drop=limit), labels=labels)
+        agree = compare(ref, out, Tolerance(top1_agreement=1.0, top1_margin_z=0.0)).failed_check
+        assert agree.metric == "top1_agreement_gated" and agree.value == (n - k) / n
+        limit = float(accepting_limit(agree))
+        assert compare(ref, out, Tolerance(top1_agreement=limit, top1_margin_z=0.0))
+        assert not compare(more[0], more[1], Tolerance(top1_agreement=limit, top1_margin_z=0.0))

@@ -188,13 +188,13 @@ def test_fallback_evaluates_in_the_targets_arithmetic(vit17, tmp_path, monkeypat
     import vitexport.quantize.quantizer as quantizer
 
     seen = []
-    real = quantizer.evaluate
 
-    def spy(model, feeds, reference, tolerance, config):
-        seen.append(config.qdq_as_float)
-        return real(model, feeds, reference, tolerance, config)
+    class Spy(quantizer.Judge):
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen.append(self.config.qdq_as_float)
 
-    monkeypatch.setattr(quantizer, "evaluate", spy)
+    monkeypatch.setattr(quantizer, "Judge", Spy)
     for name in ("orin", "npu", "cpu"):
         quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, target(name), tmp_path / name)
     assert seen == [True, True, False]  # float Q/DQ semantics except on cpu, whose runtime is ONNX Runtime

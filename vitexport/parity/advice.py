@@ -4,17 +4,21 @@ values the run used, so the failure message is a next step rather than a number.
 The INT8 stages (``quantize_int8`` and the engine built from its file) fail for three reasons a
 recipe can act on: too few calibration samples, too few layers left in float, or a budget stricter
 than the use needs. The fallback picks its float layers on held-out *calibration* samples with the
-gate's own arithmetic, so it counts accuracy only when those samples are labelled (an ``.npz`` with
-``y``); on unlabelled ones it sees cosine and the margin-gated top-1, which a loss made of flips on
-near-ties does not move (raising ``max_float_layers`` alone then changes nothing). The float stages
+gate's own arithmetic, so it measures accuracy only when those samples are labelled (an ``.npz``
+with ``y``); on unlabelled ones it sees cosine, the margin-gated top-1 and the flips the calibration
+samples' own top-1/top-2 margins predict (:mod:`vitexport.quantize.tail`), none of which a loss made of
+flips on near-ties that only the parity data holds moves (raising ``max_float_layers`` alone then
+changes nothing). The float stages
 fail when an export or a pass computes something else: ``--layers`` localises it.
 """
 from __future__ import annotations
 
+import math
+
 from ..recipe import PASS_STAGES, Recipe, StageName
 from .metrics import Check
 
-__all__ = ["failure_advice"]
+__all__ = ["failure_advice", "accepting_limit"]
 
 #: a failed check's metric → the tolerance key that sets its limit
 _KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement"}
@@ -36,6 +40,17 @@ def _int8(recipe: Recipe, calib_samples: int, labelled_calib: bool) -> list[str]
         out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
                    f"(now {fb.max_float_layers}{why})")
     return out
+
+
+def accepting_limit(check: Check) -> str:
+    """The check's value in 4 significant digits, rounded toward the side that passes (up for ``<=``,
+    down for ``>=``): ``accuracy_drop`` 1/334 = 0.0029940 printed as ``0.002994`` would fail again."""
+    text = f"{check.value:.4g}"
+    value, up = check.value, check.op == "<="
+    if value == 0 or not math.isfinite(value) or (float(text) >= value if up else float(text) <= value):
+        return text
+    step = 10.0 ** (math.floor(math.log10(abs(value))) - 3)
+    return f"{(math.ceil(value / step) if up else math.floor(value / step)) * step:.4g}"
 
 
 def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_samples: int,
@@ -65,5 +80,5 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
                  if stage == StageName.export_onnx else "export.simplify=false"]
     if check is not None and check.metric != "nonfinite":
         key = _KEYS.get(check.metric, check.metric)
-        steps.append(f"or accept it: parity.{stage}.{key}={check.value:.4g}")
+        steps.append(f"or accept it: parity.{stage}.{key}={accepting_limit(check)}")
     return f"{lost}try: " + ", ".join(steps)

@@ -1,15 +1,18 @@
 """Quantization in pt2e's shape: the run's target annotates (:mod:`.annotate` → :mod:`.spec`),
 calibration measures (:mod:`.calibrate`, with smoothing from :mod:`.smooth`), conversion writes Q/DQ
-(:mod:`.convert`), the fallback keeps the fewest layers in float (:mod:`.fallback`);
-:mod:`.quantizer` runs them. What differs per target comes from the
-:class:`~vitexport.targets.Target` it is handed: this package names no target."""
+(:mod:`.convert`), the fallback keeps the fewest layers in float (:mod:`.fallback`) judged by the
+gate's predicted figures (:mod:`.judge`, :mod:`.tail`); :mod:`.quantizer` runs them. What differs per
+target comes from the :class:`~vitexport.targets.Target` it is handed: this package names no target."""
 from .annotate import annotate, attention_role
 from .quantizer import QuantReport, quantize_int8
+from .tail import GateInfo, Prediction
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
 __all__ = [
     "quantize_int8",
     "QuantReport",
+    "GateInfo",
+    "Prediction",
     "annotate",
     "attention_role",
     "QuantPlan",

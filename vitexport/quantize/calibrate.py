@@ -30,7 +30,8 @@ from ..errors import BadInput
 from ..graph.query import attr
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
-from .search import QuantArith, bias_shift, error_split, search_alpha, search_range
+from .rounding import gptq_round
+from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
 from .spec import NodeKind, NodeSpec, QuantPlan
@@ -42,14 +43,18 @@ __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "
 
 log = logging.getLogger("vitexport.quantize")
 
-TABLE_FORMAT = 3  # bump when what a table means changes
+TABLE_FORMAT = 4  # bump when what a table means changes
 #: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
 _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: the evidence a data-driven choice needs. Smoothing divides each channel by its own calibrated
 #: maximum, so a channel that exceeds it on new data is clipped: per-channel maxima from a handful of
 #: images are too noisy to trust (seen: a 12-image calibration smoothed a classifier head from cosine
-#: 0.996 down to 0.95). Fewer images or rows than this: no smoothing, no search, no bias correction.
+#: 0.996 down to 0.95). Fewer images than this: no smoothing, no search, no bias correction. A tensor
+#: with one row per image (a classifier head's [CLS] input) has fewer rows than ``MIN_STAT_ROWS`` but is
+#: no less needed: left unsmoothed, one planted ×26 channel there cost a post-LN ViT cosine 0.9987 →
+#: measured; such a tensor is smoothed with the gentle strengths of ``THIN_ALPHAS`` only.
 MIN_STAT_SAMPLES, MIN_STAT_ROWS = 32, 256
+THIN_ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5)
 
 
 @dataclass
@@ -61,6 +66,8 @@ class CalibrationResult:
     smoothed: int = 0
     smooth_skipped: dict[str, str] = field(default_factory=dict)
     reused: bool = False
+    #: weight initializer → (int8 weights in its own layout, per-channel scale) chosen by GPTQ
+    rounded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, Any]:
@@ -71,7 +78,7 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": [q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert] if q.smooth else None,
-        "bias_correction": q.bias_correction, "search_rows": q.search_rows,
+        "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
 
@@ -94,6 +101,7 @@ class _Stats:
     absmax: dict[str, np.ndarray]
     rows: dict[str, np.ndarray]
     thin: list[str] = field(default_factory=list)  # tensors seen too little to act on
+    few_rows: set[str] = field(default_factory=set)  # enough images, fewer than MIN_STAT_ROWS rows
 
 
 def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> _Stats:
@@ -103,8 +111,9 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
                 budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
-    ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_ROWS and o[0].amax is not None}
-    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok))
+    ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
+    few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
+    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok), few)
 
 
 def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
@@ -124,7 +133,8 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
         if t not in stats.absmax:
             continue
         if q.smooth_alpha is None and t in stats.rows:
-            alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith)
+            cands = THIN_ALPHAS if t in stats.few_rows else ALPHAS
+            alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith, cands)
         else:
             alpha = q.smooth_alpha if q.smooth_alpha is not None else 0.5
             s = compute_factors(model, site, stats.absmax[t], alpha)
@@ -135,7 +145,7 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
     res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
     if stats.thin:
         res.smooth_skipped.update({t: f"too few calibration images or rows to trust per-channel maxima "
-                                      f"(< {MIN_STAT_SAMPLES} images or < {MIN_STAT_ROWS} rows)" for t in stats.thin})
+                                      f"(< {MIN_STAT_SAMPLES} images or rows)" for t in stats.thin})
     res.table.equalization = {k: [float(x) for x in v] for k, v in factors.items()}
     res.table.choices["alpha"] = alphas
     return per_node
@@ -157,8 +167,9 @@ def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str,
 
 
 def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray],
-                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray]]]]:
-    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight)])."""
+                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int]]]]:
+    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight,
+    weight initializer, its input-channel axis)])."""
     pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
     out: dict[str, tuple[np.ndarray, list]] = {}
     inits = model.graph.initializers
@@ -173,7 +184,7 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
             else len(inits[spec.weight.initializer].const_value.shape) - 2
         w = weight_in_out(inits[spec.weight.initializer].const_value.numpy(), in_axis)
         entry = out.setdefault(spec.acts[0].tensor, (rows / s if s is not None else rows, []))
-        entry[1].append((spec.node, w))
+        entry[1].append((spec.node, w, spec.weight.initializer, in_axis))
     return out
 
 
@@ -198,7 +209,7 @@ def _ranges(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet
         elif method is CalibrationMethod.auto and isinstance(ob, HistogramObserver) and ob.counts is not None:
             cands = _candidates(ob, cal.percentile)
             if t in rows:
-                name, _ = search_range(rows[t][0], [w for _, w in rows[t][1]], cands, arith)
+                name, _ = search_range(rows[t][0], [lin[1] for lin in rows[t][1]], cands, arith)
             else:  # no Linear reads it (attention inputs, a Conv's image): the tensor's own MSE decides
                 name = "mse"
             rng = cands[name]
@@ -210,22 +221,39 @@ def _ranges(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet
     res.table.choices["range"] = chosen
 
 
-def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool) -> None:
-    """Bias corrections (when ``correct``), and where the Linears' INT8 error comes from (for the report)."""
+def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rounding: str) -> None:
+    """Weight rounding (``gptq``: :mod:`.rounding`), bias corrections (when ``correct``), and where the
+    Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
     for t, (x, linears) in rows.items():
         rng = res.table.tensors.get(t)
         if rng is None:
             continue
-        for node, w in linears:
+        for node, w, init, in_axis in linears:
+            wq = None
+            if rounding == "gptq" and w.ndim == 2 and init not in res.rounded:
+                wq = _gptq(x, w, init, in_axis, arith, res)
+            elif init in res.rounded:
+                q, scale = res.rounded[init]
+                wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
             if correct:
-                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith)]
-            for k, v in error_split(x, w, rng, arith).items():
+                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith, wq=wq)]
+            for k, v in error_split(x, w, rng, arith, wq=wq).items():
                 split[k] += v
             n += 1
     if n:
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
+
+
+def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: CalibrationResult) -> np.ndarray:
+    """GPTQ integer weights of one Linear, kept in ``res.rounded`` in the initializer's layout; returns the
+    fake-quantized (C_in, C_out) weight."""
+    amax = np.abs(w).max(axis=0) if arith.per_channel else np.full(w.shape[1], np.abs(w).max())
+    scale = np.maximum(amax / arith.qmax, 1e-8).astype(np.float32)
+    q = gptq_round(x, w, scale, arith.qmax)
+    res.rounded[init] = (q if in_axis == 0 else np.ascontiguousarray(q.T), scale if arith.per_channel else scale[:1].reshape(()))
+    return q.astype(np.float32) * scale.reshape(1, -1)
 
 
 def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
@@ -245,7 +273,7 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
         res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res)
-    _bias(target, rows, res, q.bias_correction)
+    _bias(target, rows, res, q.bias_correction, q.weight_rounding)
     return res
 
 

@@ -1,21 +1,24 @@
 """Mixed-precision fallback: when INT8 misses the parity budget, keep the fewest layers in float.
 
-Decided honestly: on a held-out part of the *calibration* data (never the parity data the gate
-then scores), with the gate's own arithmetic (the target's :class:`~vitexport.runners.sessions.
-SessionConfig`) on the very graph that is written.
+Decided honestly: on the *calibration* data (a held-out part never calibrated on, plus a screen of
+calibrated samples; never the parity data the gate then scores), with the gate's own arithmetic (the
+target's :class:`~vitexport.runners.sessions.SessionConfig`) on the very graph that is written, and
+judged by the gate's *predicted* figures over as many samples as the gate scores (:mod:`.judge`,
+:mod:`.tail`), not by the selection samples' minimum.
 
 1. *Rank* every quantized node by its local sensitivity: the node alone, as a one-node model, run
    on its true float inputs with and without Q/DQ; the score is the relative error it adds
-   (noise / signal power of its output).
-2. *Grow*: keep the k most sensitive nodes in float for k = 1, 2, … until the whole model meets the
-   budget on the selection data (or ``max_float_layers`` is reached).
+   (noise / signal power of its output). attn·V (both inputs quantized) is a node like any other:
+   keeping it float is one candidate, with its MACs as its cost.
+2. *Grow*: keep the k most sensitive nodes in float for k = 1, 2, … until the whole model is
+   predicted to meet the budget (or ``max_float_layers`` is reached).
 3. *Prune*: try putting each kept node back into INT8, least sensitive first; keep it INT8 if the
-   budget still holds. What remains is reported with what it costs (share of MACs left in float).
+   prediction still holds. What remains is reported with what it costs (share of MACs left in float).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -23,31 +26,11 @@ import onnx_ir as ir
 from ..calibration.feeds import FeedSet
 from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..graph.query import const_array
-from ..parity.metrics import CompareResult, compare
-from ..recipe import Tolerance
 from .convert import WeightCache, convert
+from .judge import Verdict
 from .spec import NodeSpec, QuantPlan
 
-__all__ = ["run_outputs", "evaluate", "rank_sensitivity", "FallbackResult", "search_fallback"]
-
-
-def run_outputs(model: ir.Model, feeds: FeedSet, config: SessionConfig = LOW_MEMORY) -> np.ndarray:
-    """The model's first output over ``feeds`` (padding trimmed), float32."""
-    sess = Session(model, config)
-    out = [sess.run(None, f)[0] for f in feeds]
-    del sess
-    return feeds.trim(np.concatenate(out, axis=0)).astype(np.float32)
-
-
-def evaluate(model: ir.Model, feeds: FeedSet, reference: np.ndarray, tolerance: Tolerance,
-             config: SessionConfig) -> CompareResult:
-    """Compare the model's outputs on ``feeds`` with ``reference`` under ``tolerance`` — the gate's
-    own comparison, in the arithmetic ``config`` runs (the target's)."""
-    out = run_outputs(model, feeds, config)
-    ref = np.asarray(reference, np.float32)
-    if ref.shape != out.shape and ref.size == out.size:
-        ref = ref.reshape(out.shape)
-    return compare(ref, out, tolerance, labels=feeds.labels)
+__all__ = ["rank_sensitivity", "FallbackResult", "search_fallback"]
 
 
 def _one_node_model(model: ir.Model, node: ir.Node, acts: list[str]) -> ir.Model:
@@ -110,8 +93,8 @@ class FallbackResult:
     """What the search kept in float and what that achieved on the selection data."""
 
     float_nodes: list[str]
-    before: CompareResult
-    after: CompareResult
+    before: Verdict
+    after: Verdict
     ranking: list[tuple[str, float]]
     evaluations: int
     met: bool
@@ -119,44 +102,58 @@ class FallbackResult:
     per_node: list[dict] = field(default_factory=list)
 
 
-def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], CompareResult], ranking: list[tuple[str, float]],
-                    max_float: int, first: CompareResult) -> FallbackResult:
-    """Grow then prune the set of float nodes (see the module docstring).
+def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], ranking: list[tuple[str, float]],
+                    max_float: int, first: Verdict, cheap: Sequence[str] = ()) -> FallbackResult:
+    """Grow then prune the set of float nodes (see the module docstring), cheapest first.
 
     Args:
         plan: the full plan.
-        check: builds the Q/DQ model of a plan and compares it on the selection data.
+        check: builds the Q/DQ model of a plan and judges it (:class:`~.judge.Judge`).
         ranking: nodes, most sensitive first.
-        max_float: most nodes kept in float.
-        first: the full plan's result.
+        max_float: most nodes kept in float, besides ``cheap``.
+        first: the full plan's verdict.
+        cheap: nodes tried first, as one step (attn·V: a few per cent of the MACs), before any Linear.
     """
-    order = [n for n, _ in ranking]
-    total = plan.total_macs or 1
-    macs = {n.node: n.macs for n in plan.nodes}
+    group = [n for n in cheap if plan.node(n) is not None]
+    order = [n for n, _ in ranking if n not in group]
+    steps = ([group] if group else []) + [group + order[:k] for k in range(1, min(max_float, len(order)) + 1)]
     evaluations, met = 0, bool(first)
-    best: tuple[list[str], CompareResult] = ([], first)
-    for k in range(1, min(max_float, len(order)) + 1) if not met else ():
-        res = check(plan.without(set(order[:k])))
+    best: tuple[list[str], Verdict] = ([], first)
+    for step in steps if not met else ():
+        res = check(plan.without(set(step)))
         evaluations += 1
-        if res or _better(res, best[1]):
-            best = (order[:k], res)
+        if res or res.rank() > best[1].rank():
+            best = (step, res)
         if res:
             met = True
             break
-    if met and len(best[0]) > 1:
-        kept = list(best[0])
-        for name in reversed(best[0]):  # least sensitive first
-            trial = [n for n in kept if n != name]
-            res = check(plan.without(set(trial)))
-            evaluations += 1
-            if res:
-                kept, best = trial, (trial, res)
+    if met:
+        best, n = _prune(plan, check, best, group)
+        evaluations += n
+    return _result(plan, ranking, first, best, evaluations, met)
+
+
+def _prune(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], best: tuple[list[str], Verdict],
+           group: list[str]) -> tuple[tuple[list[str], Verdict], int]:
+    """Put kept nodes back into INT8 while the verdict holds: the cheap group as a whole, then each other
+    node, least sensitive first."""
+    kept, evaluations = list(best[0]), 0
+    trials = ([group] if group and set(group) <= set(kept) and len(kept) > len(group) else [])
+    trials += [[n] for n in reversed(kept) if n not in group] if len(kept) > 1 else []
+    for drop in trials:
+        trial = [n for n in kept if n not in drop]
+        res = check(plan.without(set(trial)))
+        evaluations += 1
+        if res:
+            kept, best = trial, (trial, res)
+    return best, evaluations
+
+
+def _result(plan: QuantPlan, ranking: list[tuple[str, float]], first: Verdict, best: tuple[list[str], Verdict],
+            evaluations: int, met: bool) -> FallbackResult:
+    total = plan.total_macs or 1
+    macs = {n.node: n.macs for n in plan.nodes}
     sens = dict(ranking)
     per_node = [{"node": n, "sensitivity": float(sens.get(n, 0.0)), "macs_share": macs.get(n, 0) / total} for n in best[0]]
     return FallbackResult(list(best[0]), first, best[1], ranking, evaluations, met,
                           sum(macs.get(n, 0) for n in best[0]) / total, per_node)
-
-
-def _better(a: CompareResult, b: CompareResult) -> bool:
-    ta, tb = a.metrics.top1_agreement or 0.0, b.metrics.top1_agreement or 0.0
-    return (ta, a.metrics.cosine_min) > (tb, b.metrics.cosine_min)

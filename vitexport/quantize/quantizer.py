@@ -16,26 +16,40 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..calibration.data import SampleSet
 from ..calibration.feeds import FeedSet, split_samples
 from ..check.contract import float16_violations
-from ..runners.sessions import LOW_MEMORY
 from ..runners.timing import latency_ratio
 from ..errors import BadInput, ContractViolation
 from ..graph.files import load_model, save_model
 from ..io import sha256_file
 from ..memory import bounded_heap
-from ..parity.metrics import CompareResult
 from ..recipe import Recipe
+from .annotate import attention_role
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
-from .fallback import evaluate, rank_sensitivity, run_outputs, search_fallback
+from .fallback import rank_sensitivity, search_fallback
+from .judge import Judge, Verdict
 from .precision import Float16Islands, precision_summary, to_opset
-from .spec import QuantPlan
+from .spec import NodeKind, QuantPlan
+from .tail import GateInfo
 
 if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
     from ..targets.base import Target
 
-__all__ = ["QuantReport", "quantize_int8", "prepare_model"]
+__all__ = ["QuantReport", "quantize_int8", "prepare_model", "attention_summary", "screen_size"]
 
 log = logging.getLogger("vitexport.quantize")
+
+#: the screen's compute cap: as many calibration samples as 64 samples of a 4-GMAC model (a ViT-S at 160 px),
+#: at least 16. ViT-B/16 at 224 (17.5 GMAC, ~1.3 s per sample for its float and Q/DQ runs on 2 cores) gets 16:
+#: 64 would add ~80 s to a quantize stage that must stay within NNCF's time
+_SCREEN_MACS = 64 * 4e9
+
+
+def screen_size(requested: int, macs_per_sample: int) -> int:
+    """How many calibration samples the fallback screens (``fallback.screen_samples``, capped by compute)."""
+    if requested <= 0 or macs_per_sample <= 0:
+        return max(requested, 0)
+    return min(requested, max(16, int(_SCREEN_MACS // macs_per_sample)))
+
 
 #: above this many float parameters (ViT-S has 22 M, ViT-B 86 M) quantize_int8 does not time the
 #: models itself: two extra ONNX Runtime sessions of a ViT-B cost ~0.7 GB and half a minute
@@ -45,9 +59,10 @@ _MAX_TIMED_PARAMS = 40_000_000
 class QuantReport(BaseModel):
     """What ``quantize_int8`` did; ``to_dict()`` is what the pipeline writes into its manifest.
 
-    ``parity_before_fallback`` / ``parity`` are the INT8 model's comparison with the float model on
-    the *selection* data (held-out calibration samples), before and after the fallback: what the
-    fallback predicted. The stage's gate then measures the written file on the parity data.
+    ``parity_before_fallback`` / ``parity`` are the fallback's verdicts (:class:`~.judge.Verdict`)
+    before and after it acted: the gate's comparison on the *selection* data (held-out calibration
+    samples) and the predicted gate figures over the gate's sample count. The stage's gate then
+    measures the written file on the parity data.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -69,6 +84,7 @@ class QuantReport(BaseModel):
     parity: dict[str, Any] | None = None
     budget_met: bool | None = None
     precision: dict[str, Any] = Field(default_factory=dict)
+    attention: dict[str, Any] = Field(default_factory=dict)
     latency: dict[str, float] | None = None
     latency_ratio: float | None = None
     notes: list[str] = Field(default_factory=list)
@@ -99,13 +115,6 @@ def prepare_model(path: Path, target: Target) -> ir.Model:
     return model
 
 
-def _compare_dict(res: CompareResult | None) -> dict[str, Any] | None:
-    if res is None:
-        return None
-    return {"passed": bool(res), "metrics": res.metrics.to_dict(),
-            "checks": [c.to_dict() for c in res.checks]}
-
-
 def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, calib: SampleSet,
             recipe: Recipe, work_dir: Path, holdout: int, report: QuantReport) -> CalibrationResult:
     """A cached table that fits, else a fresh calibration (saved as ``calibration.json``)."""
@@ -113,7 +122,9 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
     key = {"model_hash": sha256_file(fp32_path), "data_hash": calib.fingerprint(), "method": cal.method.value,
            "settings": table_settings(recipe, target, holdout)}
     path = work_dir / "calibration.json"
-    res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if cal.reuse else None
+    # a GPTQ table's integer weights are not in calibration.json: such a table is made afresh
+    reusable = cal.reuse and recipe.quantization.weight_rounding == "nearest"
+    res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe)
         if target.high_precision() == "fp16" and res.plan.nodes:
@@ -142,20 +153,25 @@ class _Builder:
 
 
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
-              target: Target, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
-    """Check the INT8 model on the held-out selection data; keep layers in float until it passes."""
-    tol, fb = recipe.tolerance("quantize_int8"), recipe.quantization.fallback
-    feeds = FeedSet.for_model(select, model, recipe.calibration.batch_size)
-    reference = run_outputs(model, feeds, LOW_MEMORY)  # the (smoothed) float model: the same function
-    first = evaluate(qdq, feeds, reference, tol, target.gate_config)
-    report.selection = f"{len(select)} held-out calibration sample(s), not used to calibrate"
-    report.parity_before_fallback = _compare_dict(first)
+              target: Target, recipe: Recipe, build: _Builder, report: QuantReport,
+              gate: GateInfo) -> tuple[ir.Model, QuantPlan]:
+    """Judge the INT8 model by the gate's predicted figures; keep layers in float until they pass."""
+    tol, fb, bs = recipe.tolerance("quantize_int8"), recipe.quantization.fallback, recipe.calibration.batch_size
+    n_screen = screen_size(fb.screen_samples, plan.total_macs)
+    screen = calib.head(n_screen) if n_screen > 0 else None
+    judge = Judge(model, FeedSet.for_model(select, model, bs), None if screen is None else FeedSet.for_model(screen, model, bs),
+                  tol, gate, target.gate_config)
+    first = judge(qdq)
+    report.selection = judge.description
+    report.parity_before_fallback = first.to_dict()
+    if fb.enabled:
+        qdq, plan, first = _probe_pv(model, qdq, plan, first, judge, build, report)
     result = first
     if not first and fb.enabled and fb.max_float_layers > 0:
-        sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, recipe.calibration.batch_size)
+        sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, bs)
         ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, build.cache)
-        fbr = search_fallback(plan, lambda p: evaluate(build(p), feeds, reference, tol, target.gate_config),
-                              ranking, fb.max_float_layers, first)
+        fbr = search_fallback(plan, lambda p: judge(build(p)), ranking, fb.max_float_layers, first,
+                              cheap=_sensitive_pv(model, plan, ranking))
         if fbr.float_nodes:
             plan = plan.without(set(fbr.float_nodes))
             qdq = build(plan)
@@ -163,11 +179,68 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
         report.float_fallback, report.float_macs_share = fbr.per_node, fbr.macs_float_share
         report.notes.append(
             f"fallback: {len(fbr.float_nodes)} node(s) kept in float ({fbr.macs_float_share:.1%} of quantized MACs) "
-            f"after {fbr.evaluations} evaluation(s) on {report.selection}; budget {'met' if fbr.met else 'NOT met'} there")
+            f"after {fbr.evaluations} evaluation(s) on {report.selection}; budget {'met' if fbr.met else 'NOT met'} "
+            "by the predicted figures")
     elif not first:
-        report.notes.append("INT8 misses the parity budget on the selection data and the fallback is disabled")
-    report.parity, report.budget_met = _compare_dict(result), bool(result)
+        report.notes.append("INT8 is predicted to miss the parity budget and the fallback is disabled")
+    report.parity, report.budget_met = result.to_dict(), bool(result)
     return qdq, plan
+
+
+#: attn·V goes float for a whole model when that divides its predicted worst-case error (1 − cos) by at least
+#: this much (INT8 attn·V is a sixth or more of the error). Measured (INT8 → float predicted error ratio): random
+#: generated ViTs 1.00–1.09 (keep INT8); trained models 1.23–7.8 (a digits ViT with 65 tokens and diffuse heads
+#: 7.8: worst cosine 0.9949 with INT8 attn·V where NNCF, which never quantizes it, kept 0.9977; the demo 1.24:
+#: 0.99385 INT8, 0.99591 float, NNCF 0.99439); a Swin with 16-token windows 0.85 (keep INT8)
+PV_GAIN = 1.2
+
+
+def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge, build: _Builder,
+              report: QuantReport) -> tuple[ir.Model, QuantPlan, Verdict]:
+    """attn·V in INT8 or float, decided for this model by one more verdict (the cheapest candidate: a few
+    per cent of the MACs, at the price of TensorRT's fused INT8 attention, which the report states)."""
+    pv = _pv_nodes(model, plan)
+    if not pv:
+        return qdq, plan, first
+    trial_plan = plan.without(set(pv))
+    trial = judge(build(trial_plan))
+    e_int8, e_float = 1.0 - first.prediction.cosine_min, 1.0 - trial.prediction.cosine_min
+    keep_float = e_float * PV_GAIN <= e_int8 or (bool(trial) and not first)
+    report.notes.append(f"attn·V: predicted worst cosine {first.prediction.cosine_min:.5f} with it INT8, "
+                        f"{trial.prediction.cosine_min:.5f} in float: kept {'in float' if keep_float else 'INT8'}")
+    if keep_float:
+        return build(trial_plan), trial_plan, trial
+    return qdq, plan, first
+
+
+def _pv_nodes(model: ir.Model, plan: QuantPlan) -> list[str]:
+    """The plan's attn·V MatMuls (the Softmax output times V)."""
+    nodes = {n.name: n for n in model.graph}
+    return [n.node for n in plan.nodes if n.kind is NodeKind.attention and attention_role(nodes[n.node]) == "pv"]
+
+
+def _sensitive_pv(model: ir.Model, plan: QuantPlan, ranking: list[tuple[str, float]]) -> list[str]:
+    """attn·V nodes whose own INT8 error is in the upper half of all quantized nodes': the fallback's
+    cheapest candidates (their MACs are a few per cent of a ViT's)."""
+    if not ranking:
+        return []
+    median = float(np.median([e for _, e in ranking]))
+    err = dict(ranking)
+    return [n for n in _pv_nodes(model, plan) if err.get(n, 0.0) >= median]
+
+
+def attention_summary(model: ir.Model, annotated: QuantPlan, final: QuantPlan) -> dict[str, Any]:
+    """How attention runs in the written file: Q·Kᵀ / attn·V MatMuls in INT8 out of those annotated,
+    and the share of GEMM MACs the float attn·V costs (TensorRT fuses INT8 attention only where both
+    batched MatMuls are INT8: a float attn·V there is a measured trade, reported)."""
+    pv = set(_pv_nodes(model, annotated))
+    att = [n for n in annotated.nodes if n.kind is NodeKind.attention]
+    kept = {n.node for n in final.nodes}
+    float_pv = sorted(pv - kept)
+    total = annotated.total_macs or 1
+    return {"qk_int8": sum(1 for n in att if n.node not in pv and n.node in kept), "qk": len(att) - len(pv),
+            "pv_int8": len(pv) - len(float_pv), "pv": len(pv), "pv_float": float_pv,
+            "pv_float_macs_share": sum(n.macs for n in att if n.node in float_pv) / total}
 
 
 def _holdout(recipe: Recipe, calib: SampleSet) -> tuple[SampleSet, SampleSet | None]:
@@ -178,7 +251,7 @@ def _holdout(recipe: Recipe, calib: SampleSet) -> tuple[SampleSet, SampleSet | N
 
 
 def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, target: Target,
-                  work_dir: str | Path) -> QuantReport:
+                  work_dir: str | Path, gate: GateInfo | None = None) -> QuantReport:
     """Quantize a float ONNX model to INT8 Q/DQ by the target's rules and its recipe's settings.
 
     Args:
@@ -190,6 +263,9 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         target: the run's target (:func:`vitexport.targets.build_target`); its ``recipe`` gives the
             calibration, quantization and parity settings.
         work_dir: where ``calibration.json`` (and the target's extra files) go.
+        gate: how many samples the INT8 gate will score and whether they are labelled: the fallback
+            predicts the gate's worst case over that many (default: the parity recipe's sample count,
+            no labels).
     Returns:
         A :class:`QuantReport`.
     Raises:
@@ -211,11 +287,13 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     fp16 = target.high_precision() == "fp16" and bool(plan.nodes)
     if fp16:
         model = to_opset(model, 19)  # float16 Q/DQ scales
-    build = _Builder(model, ranges, WeightCache(bias=res.table.bias), res.table.float_ranges if fp16 else None)
-    qdq = build(plan)
+    build = _Builder(model, ranges, WeightCache(overrides=res.rounded, bias=res.table.bias), res.table.float_ranges if fp16 else None)
+    qdq, annotated = build(plan), plan
     if select is not None and plan.nodes:
         with bounded_heap():  # a float and Q/DQ sessions one after the other: hand their buffers back
-            qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report)
+            gate = gate or GateInfo(recipe.parity_data.num_samples)
+            qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report, gate)
+    report.attention = attention_summary(model, annotated, plan)
     _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)  # cleans qdq: it is now what the file holds
     report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
                         "fp32_islands": dict(build.islands)}

@@ -106,21 +106,23 @@ def search_range(x: np.ndarray, weights: Sequence[np.ndarray], candidates: Mappi
 
 
 def bias_shift(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith,
-               z: float = 3.0) -> np.ndarray:
+               z: float = 3.0, wq: np.ndarray | None = None) -> np.ndarray:
     """Mean INT8 output error per output channel, ``mean(Q(X)·Q(W) − X·W)`` over the rows (C_out,).
 
     A channel's mean is kept only where it stands ``z`` standard errors clear of zero: a mean that
-    sampling noise can explain would move the bias by noise.
+    sampling noise can explain would move the bias by noise. ``wq``: the fake-quantized weight when
+    it is not round-to-nearest (:mod:`.rounding`).
     """
-    err = arith.act(x, rng) @ arith.weight(weight) - x @ weight
+    err = arith.act(x, rng) @ (arith.weight(weight) if wq is None else wq) - x @ weight
     mean = err.mean(axis=0)
     se = err.std(axis=0, ddof=1) / np.sqrt(len(err)) if len(err) > 1 else np.full_like(mean, np.inf)
     return np.where(np.abs(mean) > z * se, mean, 0.0).astype(np.float32)
 
 
-def error_split(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith) -> dict[str, float]:
+def error_split(x: np.ndarray, weight: np.ndarray, rng: Mapping[str, float], arith: QuantArith,
+                wq: np.ndarray | None = None) -> dict[str, float]:
     """A Linear's relative INT8 output error from its weights alone, its activations alone, and both:
     where the error comes from (a weight-rounding optimiser can only reduce the first)."""
     ref = x @ weight
-    xq, wq = arith.act(x, rng), arith.weight(weight)
+    xq, wq = arith.act(x, rng), (arith.weight(weight) if wq is None else wq)
     return {"weights": _error(x, [wq], [ref]), "activations": _error(xq, [weight], [ref]), "both": _error(xq, [wq], [ref])}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..parity import localize_layers
-from ..quantize import quantize_int8
+from ..quantize import GateInfo, quantize_int8
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner
 from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key, model_files, model_hash
@@ -39,8 +39,9 @@ class QuantizeStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir)
-        notes = [*q.notes, *_predicted(q), *_precision(q), ctx.target.arithmetic]
+        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.labels)
+        q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
+        notes = [*q.notes, *_predicted(q), *_attention(q), *_precision(q), ctx.target.arithmetic]
         # the scale table and what the target wrote from the scales (orin: calibration.cache) are
         # kept, hashed and resumed with the model
         written = [Path(p) for key, p in q.artifacts.items() if key != "model"]
@@ -72,15 +73,30 @@ def _precision(q) -> list[str]:
     return [line]
 
 
+def _attention(q) -> list[str]:
+    """Where attn·V runs: TensorRT fuses INT8 attention only where both batched MatMuls are INT8."""
+    a = q.attention
+    if not a or not a.get("pv"):
+        return []
+    if not a["pv_float"]:
+        return [f"attention: Q·Kᵀ INT8 in {a['qk_int8']}/{a['qk']} layer(s), attn·V INT8 in all {a['pv']} "
+                "(what TensorRT's fused INT8 attention needs)"]
+    return [f"attention: attn·V kept in float in {len(a['pv_float'])}/{a['pv']} layer(s) ({a['pv_float_macs_share']:.1%} of "
+            "quantized MACs): INT8 there cost the predicted worst case (the attn·V line above); TensorRT runs those "
+            "attentions unfused or in FP16: the accuracy-for-speed trade the fallback measured"]
+
+
 def _predicted(q) -> list[str]:
-    """What the quantizer predicted on its own held-out data, to read beside what the gate measures."""
+    """What the quantizer predicted from its own data, to read beside what the gate measures."""
     if q.parity is None or q.selection is None:
         return []
-    m = q.parity["metrics"]
+    p, m = q.parity["prediction"], q.parity["selection"]["metrics"]
     top1 = m.get("top1_agreement_gated", m.get("top1_agreement"))
-    line = (f"predicted on {q.selection}: cosine_min {m['cosine_min']:.6f}"
+    line = (f"predicted from {q.selection}: the gate's worst cosine over {p['gate_samples']} sample(s) "
+            f"≥ {p['cosine_min']:.6f} (the selection samples' own minimum {m['cosine_min']:.6f}"
             + (f", top-1 (gated) {top1:.4f}" if top1 is not None else "")
-            + f" ({'passes' if q.parity['passed'] else 'misses'} the budget); the gate below measures the written file "
+            + (f"; expected top-1 flips {p['flip_rate']:.2%}" if p.get("flip_rate") is not None else "")
+            + f"); {'passes' if q.parity['passed'] else 'misses'} the budget; the gate below measures the written file "
             "on the parity data")
     if q.float_fallback:
         line += f"; float layers: {', '.join(f['node'] for f in q.float_fallback)} ({q.float_macs_share:.1%} of MACs)"

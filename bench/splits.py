@@ -1,0 +1,17 @@
+"""Which calibration rows a tool gets: the seeded draw vitexport itself makes from an ``.npz``, shared by the
+case preparation (:mod:`bench.cases`) and the child tasks (:mod:`bench.worker`)."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["select_calibration"]
+
+
+def select_calibration(n_total: int, num_samples: int, seed: int = 0) -> np.ndarray:
+    """The sample indices vitexport draws from an ``.npz`` (``calibration.data._load_npz``).
+
+    The plain path is fed exactly the samples vitexport calibrates on: a sorted, seeded permutation.
+    """
+    if num_samples >= n_total:
+        return np.arange(n_total)
+    return np.sort(np.random.default_rng(seed).permutation(n_total)[:num_samples])

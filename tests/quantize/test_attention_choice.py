@@ -1,0 +1,37 @@
+"""attn·V in INT8 or float is decided per model, on calibration data, and reported (issue 19): TensorRT's fused
+INT8 attention wants it INT8, a model whose attention it hurts gets it float."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qcases import target
+from qmodels import export_onnx, tiny_vit
+from vitexport.calibration import random_samples
+from vitexport.quantize import quantize_int8
+
+
+def _vit(tmp_path, patch: int, peak: float):
+    """A tiny ViT (patch 8: 17 tokens, patch 4: 65); ``peak`` scales head 0's queries and keys in every block:
+    that head's attention becomes sharp (probabilities near 1 set the per-tensor INT8 scale of the Softmax
+    output) while the other heads' stay diffuse (probabilities near 1/65, a few INT8 steps)."""
+    m = tiny_vit(img=32, patch=patch, depth=2)
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.qkv.weight[0:64] *= peak
+            blk.attn.qkv.weight[192:256] *= peak
+    ex = {"x": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    return export_onnx(m, ex, tmp_path / f"vit{patch}_{peak}.onnx", 17), random_samples(ex, 96, seed=0)
+
+
+@pytest.mark.parametrize("patch,peak,expect_float", [(8, 1.0, False), (4, 5.0, True)])
+def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_float):
+    path, calib = _vit(tmp_path, patch, peak)
+    rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin"), tmp_path / "w")
+    att = rep.attention
+    assert att["pv"] == 2 and att["qk"] == 2
+    assert bool(att["pv_float"]) == expect_float
+    note = next(n for n in rep.notes if n.startswith("attn·V:"))
+    assert ("kept in float" in note) == expect_float
+    if expect_float:
+        assert 0 < att["pv_float_macs_share"] < 0.05  # the cheap candidate: a few per cent of the MACs
