@@ -20,6 +20,7 @@ from torch import nn
 from ..engines.torch_runner import primary_output
 from ..errors import BadInput
 from ..io import atomic_path
+from ..quiet import captured_output
 from ..recipe import ContractSpec, Exporter, ExportSpec
 from .lowering import LOWERABLE
 from .opset import convert_opset, default_opset
@@ -197,14 +198,18 @@ def export_onnx(
             rewrites = ExportRewrites(spec, contract)
             t1 = time.perf_counter()
             try:
-                with _eval_mode(wrapper), torch.no_grad(), rewrites:
-                    note = _EXPORTERS[exporter](wrapper, args, names, spec.opset, tmp)
+                # torch prints its whole IR graph when a TorchScript export fails: into the log
+                with captured_output(f"torch.onnx.export ({exporter})") as printed:
+                    with _eval_mode(wrapper), torch.no_grad(), rewrites:
+                        note = _EXPORTERS[exporter](wrapper, args, names, spec.opset, tmp)
             except OSError:
                 raise  # the disk, not the model: another exporter would fail the same way
             except Exception as exc:  # any exporter failure is a reason to try the other one
                 attempts.append(ExportAttempt(exporter, False, time.perf_counter() - t1, _first_line(exc)))
+                extra += [printed.note()] if printed.lines else []
                 continue
             attempts.append(ExportAttempt(exporter, True, time.perf_counter() - t1))
+            extra += [printed.note()] if printed.lines else []
             counts = dict(rewrites.counts)
             extra += [note] if note else []
             break

@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
+from ..quiet import captured_output
 from ..recipe import Recipe
 from ..check import model_violations, run_checker
 from .contract import raise_violations
@@ -111,7 +112,10 @@ def simplify_onnx(
         if recipe.export.simplify:
             import onnxsim  # heavy import, only needed here
 
-            proto, ok = onnxsim.simplify(proto, check_n=0, skipped_optimizers=list(SKIPPED_OPTIMIZERS), certify=False)
+            # onnxsim prints a warning per node it cannot fold (396 lines on torchvision's swin_s): into the log
+            with captured_output("onnxsim") as printed:
+                proto, ok = onnxsim.simplify(proto, check_n=0, skipped_optimizers=list(SKIPPED_OPTIMIZERS), certify=False)
+            notes += [printed.note()] if printed.lines else []
             if not ok:  # with check_n=0 this is onnxsim's own checker run
                 raise RuntimeError(f"onnxsim produced an invalid model from {in_path}")
             _strip_onnxsim_metadata(proto)

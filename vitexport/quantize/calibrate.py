@@ -243,7 +243,24 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
     rows = _row_inputs(model, res.plan, stats, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res)
     _bias(target, rows, res, q.bias_correction)
+    _keep_zero_ranges_float(res)
     return res
+
+
+def _keep_zero_ranges_float(res: CalibrationResult) -> None:
+    """Nodes reading a tensor that was 0 on every calibration sample stay float: a zero range has
+    no scale (TensorRT wants a finite positive one), and any scale would clip whatever the tensor
+    holds on other data to nothing. Such a tensor is dead on the data given (a ReLU that never
+    fires, a zero-initialised branch); the report names it."""
+    zero = {t for t, r in res.table.tensors.items()
+            if max(abs(float(r.get("amax", 0.0))), abs(float(r.get("lo", 0.0))), abs(float(r.get("hi", 0.0)))) == 0.0}
+    if not zero:
+        return
+    nodes = {n.node: next(a.tensor for a in n.acts if a.tensor in zero) for n in res.plan.nodes
+             if any(a.tensor in zero for a in n.acts)}
+    for name, tensor in nodes.items():
+        res.plan = res.plan.without({name}, f"kept in float: its input '{tensor}' was 0 on every calibration "
+                                            "sample (a zero range has no INT8 scale)")
 
 
 def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPlan, key: dict[str, Any],
@@ -275,6 +292,7 @@ def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPla
     missing = set(res.plan.tensors()) - set(table.tensors)
     if missing:
         raise RuntimeError(f"{path}: no range for {sorted(missing)[:3]}")
+    _keep_zero_ranges_float(res)
     return res
 
 

@@ -58,6 +58,16 @@ def quantize_weight(w: np.ndarray, axis: int | None, qmax: int = INT8_MAX) -> tu
     return np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8), scale
 
 
+def _dead_channels(w: np.ndarray, axis: int | None) -> int:
+    """Output channels of ``w`` (along ``axis``; the whole tensor when per tensor) that are all zero."""
+    if w.size == 0:
+        return 0
+    if axis is None:
+        return int(not np.any(w))
+    red = tuple(i for i in range(w.ndim) if i != axis)
+    return int(np.count_nonzero(~np.any(w, axis=red)))
+
+
 @dataclass
 class WeightCache:
     """Quantized weights by (initializer, axis, qmax): shared by every conversion of one float model.
@@ -85,6 +95,9 @@ class QdqStats:
     quantized_nodes: int = 0
     qdq_pairs: int = 0
     weights: int = 0
+    #: weight output channels that are all zero (a zero-initialised head, BatchNorm γ = 0 folded into
+    #: a conv): any positive scale quantizes them exactly; they get the least one
+    dead_channels: int = 0
 
 
 class _Writer:
@@ -143,6 +156,7 @@ class _Writer:
             stem = w.initializer if w.initializer not in stems else f"{w.initializer}_axis{axis}"
             arr = const_array(self.values[w.initializer])
             q, scale, zp = self.cache.get(stem, arr, axis, self.enc.weight_qmax)
+            self.stats.dead_channels += _dead_channels(arr, axis)
             qv, sv, zv = (self.const(t.name, t) for t in (q, scale, zp))
             attrs = {"axis": axis} if axis is not None else {}
             dq = ir.node("DequantizeLinear", [qv, sv, zv], attrs, name=f"{stem}_DequantizeLinear")
