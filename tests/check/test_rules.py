@@ -161,3 +161,29 @@ def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
     assert "[tensorrt.ops]" in str(err.value)
     assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_recipe("orin")).violations]
     assert not (tmp_path / "model.fp32.onnx").exists()
+
+
+def test_operand_types_are_checked_against_the_schema():
+    """A float16 ``scales`` on Resize (what ONNX Runtime refuses with INVALID_GRAPH) is rule
+    ``onnx.types``, naming the node and the operand; a mixed-type constraint is caught too."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vitexport.check.types import type_violations
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1, 3, 8, 8])
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float16), "sc")
+    other = numpy_helper.from_array(np.ones((1, 3, 8, 8), np.float32), "one")
+    nodes = [helper.make_node("Resize", ["x", "", "sc"], ["y"], name="up", mode="nearest"),
+             helper.make_node("Add", ["y", "one"], ["z"], name="add")]
+    m = ir.from_proto(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [scales, other]),
+                                        opset_imports=[helper.make_opsetid("", 19)]))
+    got = [(v.rule, v.node) for v in type_violations(m)]
+    assert got == [("onnx.types", "up"), ("onnx.types", "add")]
+    assert "input 'scales' ('sc') as tensor(float16)" in type_violations(m)[0].problem
+    scales_ok = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "sc")
+    fixed = ir.from_proto(helper.make_model(helper.make_graph(nodes[:1], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 3, 8, 8])], [scales_ok]),
+                                            opset_imports=[helper.make_opsetid("", 19)]))
+    assert type_violations(fixed) == []

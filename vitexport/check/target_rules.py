@@ -7,7 +7,8 @@ contract step and ``vitexport check`` run them after the contract.
 
 - every target: ``qdq.scale`` (a finite, positive constant scale), ``qdq.axis`` (a per-channel
   scale names an axis of its input and has one entry per channel along it), ``qdq.integer_path``
-  (nothing quantizes an integer tensor such as token ids or a shape);
+  (nothing quantizes an integer tensor such as token ids or a shape), ``onnx.types`` (operand
+  types its schema takes, :mod:`.types`);
 - orin (TensorRT explicit quantization): ``orin.int8`` (int8 with zero point 0),
   ``orin.per_channel`` (activations per tensor, weights per output channel of their consumer),
   ``orin.float16_qdq`` (float16 scales or inputs need opset 19), ``orin.qdq_pairs`` (each Q feeds
@@ -29,6 +30,7 @@ from ..graph.query import attr, const_array, is_const, opset_version, static_sha
 from ..recipe import QuantizationSpec, TargetKind
 from .contract import OP_HINTS, STANDARD_DOMAINS, all_nodes, float16_violations
 from .tensorrt_ops import tensorrt_parser
+from .types import type_violations
 from .violation import Violation, node_label
 
 __all__ = ["TargetRules", "OrinRules", "NpuRules", "CpuRules", "TARGET_RULES", "target_rules"]
@@ -54,7 +56,7 @@ class TargetRules:
     """The rules every target shares. Subclasses add rule ids and override the hooks."""
 
     kind: ClassVar[TargetKind]
-    RULES: ClassVar[tuple[str, ...]] = ("qdq.scale", "qdq.axis", "qdq.integer_path")
+    RULES: ClassVar[tuple[str, ...]] = ("qdq.scale", "qdq.axis", "qdq.integer_path", "onnx.types")
 
     def __init__(self, spec: QuantizationSpec | None = None):
         self.spec = spec or QuantizationSpec()
@@ -67,7 +69,7 @@ class TargetRules:
         for n in all_nodes(model):
             if n.op_type in _QDQ and n.domain in STANDARD_DOMAINS:
                 out += self.qdq(n, opset)
-        out += self.graph(model, opset)
+        out += self.graph(model, opset) + type_violations(model)
         skip = set(skip)
         return [v for v in out if v.rule not in skip]
 
