@@ -107,3 +107,32 @@ def test_legal_scales_requantize_the_weights_they_scale():
     assert new_s[2] == np.float32(np.float16(scale[2])) or new_s[2] > scale[2]
     deq = new_q.astype(np.float32) * new_s[:, None]
     assert (np.abs(deq - w) <= new_s[:, None] + 1e-12).all()
+
+
+class _Faint(nn.Module):
+    """A Linear fed a tensor that peaks around 1e-9: its scale (1e-11) would be 0 in float16 and
+    below the least float32 scale written (1e-8): either way the whole tensor would quantize to 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(8, 8), nn.Linear(8, 8, bias=False), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.head(h + self.b(h * 1e-9) * 1e9)
+
+
+@pytest.mark.parametrize("target,least", [("orin", "in float16"), ("cpu", "1e-08)")])
+def test_a_range_below_the_least_scale_stays_float(tmp_path, target, least):
+    torch.manual_seed(0)
+    m = _Faint().eval()
+    ex = {"x": torch.randn(1, 6, 8)}
+    path = export_onnx(m, ex, tmp_path / "faint.onnx")
+    rep = quantize_int8(path, tmp_path / "q.onnx", random_samples(ex, 40, seed=0), recipe(target, NO_FALLBACK), tmp_path)
+    faint = [why for why in rep.skipped_nodes.values() if "its scale would be below the least one written" in why]
+    assert len(faint) == 1 and least in faint[0], rep.skipped_nodes
+    feeds = list(random_samples(ex, 4, seed=2).batches(1))
+    with torch.no_grad():
+        ref = np.concatenate([m(torch.from_numpy(f["x"])).numpy() for f in feeds])
+    got = np.concatenate([Session(tmp_path / "q.onnx", QDQ_AS_FLOAT).run(None, f)[0] for f in feeds])
+    assert compute_metrics(ref, got).cosine_min > 0.99

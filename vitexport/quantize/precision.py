@@ -6,7 +6,8 @@ on the Orin GPU — INT8 that does not pay against a plain FP16 engine. ModelOpt
 writes those parts in FP16; so does this pass, with evidence for the exceptions:
 
 - a tensor whose calibrated magnitude, times a safety margin, passes FP16's 65504 keeps its producer
-  and every reader in FP32 (huge activations, unscaled attention scores);
+  and every reader in FP32 (huge activations, unscaled attention scores), and so does one whose
+  largest value is below FP16's smallest normal number (6.1e-5: every value a subnormal or 0);
 - a LayerNorm whose input reaches ``sqrt(65504 / margin)`` stays FP32: its variance (a mean of
   squares) would overflow if TensorRT computed it in half precision;
 - a constant that FP16 cannot hold (too large, or a non-zero scalar that underflows to 0, such as
@@ -37,6 +38,7 @@ __all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", 
 
 FP16_MAX = 65504.0
 _FP16_TINY = 6.0e-8  # smallest positive float16 (subnormal)
+_FP16_NORMAL = float(2.0**-14)  # smallest normal float16: below it a value keeps fewer than 10 bits
 #: the least Q/DQ scale written in float16: its smallest positive (subnormal) value, 2**-24. Below
 #: it a scale is 0, which TensorRT refuses (an all-zero weight channel calibrates to a scale of 0).
 #: Subnormal scales are kept (TensorRT warns and keeps them): a random-weight EfficientViT has many
@@ -107,7 +109,13 @@ class Float16Islands(GraphPass):
         return self.absmax.get(v.name, 0.0)
 
     def _unsafe(self, v: ir.Value | None) -> bool:
-        return v is not None and self._amax(v) * self.margin > FP16_MAX
+        """Beyond FP16: too large (overflow with the margin), or so small that even its largest value
+        is a float16 subnormal (a random-weight LeViT's outputs are about 1e-8: 0 in FP16). A tensor
+        that is 0 throughout is exact in FP16."""
+        if v is None:
+            return False
+        amax = self._amax(v)
+        return amax * self.margin > FP16_MAX or 0.0 < amax < _FP16_NORMAL
 
     def _const_unsafe(self, v: ir.Value | None) -> bool:
         c = const_array(v) if v is not None and v.dtype == _F32 else None
@@ -133,7 +141,8 @@ class Float16Islands(GraphPass):
                 keep[n.name] = "produces a tensor beyond FP16's safe range"
             elif any(self._unsafe(i) for i in n.inputs if _is_float(i) and i.const_value is None):
                 keep[n.name] = "reads a tensor beyond FP16's safe range"
-            elif any(self._const_unsafe(i) for i in n.inputs):
+            elif any(self._const_unsafe(i) for i in n.inputs) or any(self._const_unsafe(o) for o in n.outputs):
+                # a Constant node too: in FP16 its 1e9 would be inf and its 1e-9 would be 0 before any Cast
                 keep[n.name] = "holds a constant FP16 cannot represent"
         return keep
 

@@ -99,11 +99,10 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
         spec = _image_spec("x", shape, chw, batch_size)
         keyword, name = False, f"{scheme}-{rest}"
     elif scheme == "hf":
-        model, preprocess, kind, config = load_hf(rest)
-        meta["hf_kind"] = kind
+        model, preprocess, kind, config, note = load_hf(rest)
+        meta["hf_kind"], meta["notes"] = kind, [note]
         if kind == "image":
-            chw = preprocess.input_size if preprocess else (3, 224, 224)
-            spec = _image_spec("pixel_values", shape, chw, batch_size)
+            spec = _image_spec("pixel_values", shape, preprocess.input_size, batch_size)
         else:
             if shape is not None and len(shape) != 2:
                 raise BadInput("--input-shape: a text encoder needs N,L (batch, sequence length)")
