@@ -92,7 +92,7 @@ def test_a_decompression_bomb_is_refused_before_inflating(tmp_path, monkeypatch)
     monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "16M")
     from vitexport.errors import ResourceLimit
 
-    with pytest.raises(ResourceLimit, match=r"inflation.*16.0 MB available; save the data with np.savez"):
+    with pytest.raises(ResourceLimit, match=r"inflation.*VITEXPORT_MEMORY_LIMIT=16M allows 16.0 MB; save the data with np.savez"):
         load_samples(tmp_path / "bomb.npz", EX)
     monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "1G")
     assert len(load_samples(tmp_path / "bomb.npz", EX)) == 4096

@@ -72,11 +72,17 @@ def _image_spec(name: str, shape: tuple[int, ...] | None, default_chw, batch: in
     return {name: (tuple(shape), torch.float32)}
 
 
-def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bool, vocab: int = 1000) -> dict[str, torch.Tensor]:
+def _require_forward(model: torch.nn.Module, spec: dict[str, tuple], keyword: bool, setting: str) -> None:
+    require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()}, setting,
+                         keyword=keyword))
+
+
+def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bool, keyword: bool,
+                 vocab: int = 1000) -> dict[str, torch.Tensor]:
     """Example tensors for the input spec, once the memory they and a forward need is known to fit.
     Fixed seed: the example only fixes shapes, but a deterministic one keeps exports byte-identical."""
     setting = "use a smaller --input-shape" if shape_given else "use a smaller export.batch_size (or --input-shape)"
-    require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()}, setting))
+    _require_forward(model, spec, keyword, setting)
     g = torch.Generator().manual_seed(0)
     out = {}
     for k, (shape, dtype) in spec.items():
@@ -161,11 +167,10 @@ def load_model(
         load_weights(model, weights, trust_pickle=trust_pickle)
     example = meta.pop("example", None)
     if example is not None:
-        require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()},
-                             "return smaller example_inputs"))
+        _require_forward(model, spec, keyword, "return smaller example_inputs")
         inputs = example
     else:
-        inputs = _materialise(model, spec, shape is not None, vocab)
+        inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
     adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
     return LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
