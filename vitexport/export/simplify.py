@@ -23,6 +23,7 @@ from ..quiet import captured_output
 from ..recipe import Recipe
 from ..check import model_violations, run_checker
 from .contract import raise_violations
+from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -123,6 +124,11 @@ def simplify_onnx(
             notes.append("export.simplify is false: onnxsim skipped, contract checked on the exported graph")
         simplified = reattach(proto, held)
         violations = run_checker(proto)  # the weights held aside are typed graph inputs here
+    lowered = lower_to_allowed_ops(simplified, recipe.contract.allowed_ops)
+    if lowered:
+        notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
+                  for op, k in sorted(lowered.items())]
+        violations = run_checker(ir.to_proto(simplified))
     # the same rules as ``vitexport check``: the contract, then the target's (no rule reads a weight)
     violations += model_violations(simplified, recipe)
     raise_violations(violations, recipe, recipe_path, out_path.name)
