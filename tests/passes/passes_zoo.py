@@ -285,12 +285,27 @@ FAMILIES = ("timm_vit", "timm_deit", "timm_swin", "hf_vit_eager", "hf_vit_sdpa",
 # ONNX: export with the TorchScript exporter (what the pipeline uses), run, inspect.
 # --------------------------------------------------------------------------------------------------
 def export_onnx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> onnx.ModelProto:
+    """Opset 17 with the TorchScript exporter; a model that needs a newer opset (VOLO's fold is
+    opset 18's Col2Im) goes the pipeline's way, which chooses the opset the orin contract allows."""
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model, tuple(inputs.values()), buf, input_names=list(inputs), output_names=["output"], opset_version=17, dynamo=False
-        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model, tuple(inputs.values()), buf, input_names=list(inputs), output_names=["output"], opset_version=17, dynamo=False
+            )
+    except torch.onnx.errors.UnsupportedOperatorError:
+        import tempfile
+        from pathlib import Path
+
+        from vitexport.export import export_onnx as pipeline_export
+        from vitexport.recipe import load_recipe
+
+        recipe = load_recipe("orin")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "m.onnx"
+            pipeline_export(model, inputs, path, recipe.export, contract=recipe.contract)
+            return onnx.load(str(path))
     return onnx.load_from_string(buf.getvalue())
 
 
