@@ -37,6 +37,9 @@ CASES = {
                                    [_scalar("lo", 0.0), _scalar("hi", 6.0)], opset=o), "Clip"),
     "clip_max": (lambda o: _graph([helper.make_node("Clip", ["x", "", "hi"], ["y"], name="clip")], [4, 9], [4, 9],
                                   [_scalar("hi", 0.5)], opset=o), "Clip"),
+    "pad": (lambda o: _graph([helper.make_node("Pad", ["x", "pads", "v"], ["y"], name="pad", mode="constant")],
+                             [1, 5, 5, 3], [1, 7, 8, 3], [numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 2, 2, 0], np.int64), "pads"),
+                                                          _scalar("v", 0.0)], opset=o), "Pad"),
 }
 
 

@@ -211,8 +211,11 @@ ZOO: list[ZooCase] = [
     # hybrids: convolutions, then attention in some stages (windowed, pooled, cascaded or linear)
     ZooCase("timm_efficientvit_m0", _timm("efficientvit_m0", 64, img_size=64), _expect(6, biases=24), real="timm:efficientvit_m0"),
     ZooCase("timm_efficientvit_b0", _timm("efficientvit_b0", 64), _expect(0), real="timm:efficientvit_b0"),
-    ZooCase("timm_mobilevit_xxs", _timm("mobilevit_xxs", 64), _expect(9, already=9), real="timm:mobilevit_xxs"),
-    ZooCase("timm_mobilevitv2", _timm("mobilevitv2_050", 64), _expect(0), real="timm:mobilevitv2_050"),
+    ZooCase("timm_mobilevit_xxs", _timm("mobilevit_xxs", 64), _expect(9, already=9), real="timm:mobilevit_xxs",
+            int8="random weights on Gaussian inputs: INT8 cosine 0.972 against the 0.98 gate (0.980 with FP32 float parts)"),
+    ZooCase("timm_mobilevitv2", _timm("mobilevitv2_050", 64), _expect(0), real="timm:mobilevitv2_050",
+            int8="random weights: the INT8 error spreads over all 61 quantized layers (the most sensitive alone moves "
+                 "the cosine by 0.005), so 8 layers kept in float do not recover it: cosine 0.64-0.74"),
     ZooCase("timm_efficientformerv2", _timm("efficientformerv2_s0", 64, img_size=64, depths=(1, 1, 1, 1)), _expect(3, biases=3),
             real="timm:efficientformerv2_s0"),
     ZooCase("timm_hiera", _timm("hiera_tiny_224", 64, img_size=64, embed_dim=32, num_heads=1, stages=(1, 1, 1, 1)), _expect(4, already=4),

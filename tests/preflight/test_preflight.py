@@ -123,3 +123,28 @@ def test_histogram_estimate_follows_the_method():
     assert histogram_need(model, 2048, "minmax") == []
     (need,) = histogram_need(model, 1_000_000_000, "percentile")
     assert need.nbytes > 100e9 and "calibration.num_bins" in need.setting
+
+
+def test_the_measured_forward_leaves_the_model_untouched():
+    """The fake-tensor forward runs on a copy of the module tree: a cache the forward fills (ConViT's
+    rel_indices, LeViT's bias cache) holds no fake tensor afterwards, and the weights are not copied."""
+
+    class Caching(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.cache = None
+            self.seen = {}
+
+        def forward(self, x):
+            if self.cache is None:
+                self.cache = torch.ones(x.shape[-1])
+            self.seen[x.shape[0]] = self.cache
+            return self.fc(x * self.cache)
+
+    m = Caching().eval()
+    weight = m.fc.weight
+    needs = forward_need(m, {"x": (2, 8)}, {"x": torch.float32}, "s", keyword=False)
+    assert needs[-1].what.startswith("one forward pass")
+    assert m.cache is None and m.seen == {} and m.fc.weight is weight
+    assert m(torch.randn(2, 8)).shape == (2, 8)

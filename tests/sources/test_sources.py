@@ -339,3 +339,14 @@ def test_hf_class_follows_architectures_else_the_base_model(tmp_path):
     cfg_file.write_text(json.dumps({k: v for k, v in json.loads(cfg_file.read_text()).items() if k != "architectures"}))
     weights = load_model(f"hf:{tmp_path / 'c'}")
     assert _out(weights).shape == (1, 3) and "the weights hold a task head" in weights.meta["notes"][0]
+
+
+def test_hf_roberta_default_length_fits_its_position_table(tmp_path):
+    """RoBERTa numbers positions from pad_token_id + 1: a table of 40 holds 38 tokens, and the
+    default length says so (40 made the model raise an index error)."""
+    from transformers import RobertaConfig
+
+    cfg = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=40, pad_token_id=1)
+    m = load_model(f"hf:{_hf_folder(tmp_path, cfg)}")
+    assert tuple(m.example_inputs["input_ids"].shape) == (1, 38) and _out(m).shape == (1, 38, 32)

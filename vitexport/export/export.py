@@ -38,6 +38,7 @@ _REWRITE_NOTES = {
     "einsum_as_matmul": "einsum written as Transpose/Reshape/MatMul: {n} call(s)",
     "einsum_kept": "einsum left as an Einsum op (not a batched matrix product): {n} call(s)",
     "gelu_tanh": "GELU written as its tanh approximation with Mul (no Pow): {n} call(s)",
+    "fold_as_conv_transpose": "F.fold written as a grouped ConvTranspose (no Col2Im): {n} call(s)",
 }
 
 

@@ -9,7 +9,9 @@ every op). Each rewrite computes the same function with the same float32 arithme
 * ``ReduceL2(x, axes)`` → ``Sqrt(ReduceMean(x * x, axes) * n)``, n the number of reduced elements
   (``F.normalize``, Swin V2's cosine attention, TinyViT);
 * ``Clip(x, lo, hi)`` → ``lo + Relu(x - lo) - Relu(x - hi)`` (either bound alone: ``lo + Relu(x - lo)``,
-  ``hi - Relu(hi - x)``; ``F.normalize``'s ``clamp_min(eps)``, ReLU6).
+  ``hi - Relu(hi - x)``; ``F.normalize``'s ``clamp_min(eps)``, ReLU6);
+* a constant ``Pad`` (windowed attention padding its tokens to whole windows) → ``Concat`` with
+  blocks of the pad value along each padded axis.
 
 Shapes are static (the contract demands it), so ``n`` is a constant.
 """
@@ -30,6 +32,7 @@ GRAPH_LOWERABLE: dict[str, tuple[frozenset[str], str]] = {
     "GlobalAveragePool": (frozenset({"ReduceMean"}), "ReduceMean over the spatial axes"),
     "ReduceL2": (frozenset({"Mul", "ReduceMean", "Sqrt"}), "Sqrt(ReduceMean(x * x) * n)"),
     "Clip": (frozenset({"Relu", "Add", "Sub"}), "Relu, Add and Sub"),
+    "Pad": (frozenset({"Concat"}), "Concat with constant blocks"),
 }
 
 
@@ -119,8 +122,54 @@ def _clip(w: _Writer) -> bool:
     return True
 
 
+def _pad_amounts(node: ir.Node, rank: int, opset: int) -> tuple[list[int], float] | None:
+    """(pads as [begin..., end...] over every axis, the pad value), or None when not constant."""
+    if opset < 11:
+        pads, value, axes = list(attr(node, "pads", [])), float(attr(node, "value", 0.0)), None
+    else:
+        given = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        cval = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.zeros(())
+        axes_in = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+        if given is None or cval is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes_in is None):
+            return None
+        pads, value = [int(v) for v in given.reshape(-1)], float(cval.reshape(-1)[0]) if cval.size else 0.0
+        axes = None if axes_in is None else [int(a) % rank for a in axes_in.reshape(-1)]
+    if axes is not None:  # opset 18: pads name only these axes
+        full = [0] * (2 * rank)
+        for i, a in enumerate(axes):
+            full[a], full[rank + a] = pads[i], pads[len(axes) + i]
+        pads = full
+    return (pads, value) if len(pads) == 2 * rank and min(pads, default=0) >= 0 else None
+
+
+def _pad(w: _Writer) -> bool:
+    x = w.node.inputs[0]
+    shape = static_shape(x)
+    if shape is None or attr(w.node, "mode", "constant") not in ("constant", b"constant") or x.dtype is None:
+        return False
+    found = _pad_amounts(w.node, len(shape), w.opset)
+    if found is None:
+        return False
+    pads, value = found
+    rank, current, out = len(shape), list(shape), x
+    for axis in range(rank):
+        parts = []
+        for side, amount in (("before", pads[axis]), ("after", pads[rank + axis])):
+            block = list(current)
+            block[axis] = amount
+            parts.append(w.const(np.full(block, value, ir.DataType(x.dtype).numpy()), f"pad{axis}_{side}") if amount else None)
+        if parts[0] is None and parts[1] is None:
+            continue
+        out = w.op("Concat", [p for p in (parts[0], out, parts[1]) if p is not None], {"axis": axis})
+        current[axis] += pads[axis] + pads[rank + axis]
+    if out is x:
+        return False
+    w.swap(out)
+    return True
+
+
 _REWRITES: dict[str, Callable[[_Writer], bool]] = {
-    "GlobalAveragePool": _global_average_pool, "ReduceL2": _reduce_l2, "Clip": _clip,
+    "GlobalAveragePool": _global_average_pool, "ReduceL2": _reduce_l2, "Clip": _clip, "Pad": _pad,
 }
 
 

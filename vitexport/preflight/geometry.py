@@ -76,16 +76,18 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
     counted), on fake inputs of ``shapes``; None when the forward cannot run on fake tensors.
 
     Args:
-        model: the module as built (eval mode is set for the measurement and restored).
+        model: the module as built; it is left untouched (the forward runs on a copy of its tree
+            that shares its weights).
         shapes, dtypes: input name → shape / dtype.
         keyword: pass the inputs by name (else by position, in ``shapes``' order).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    training = [(m, m.training) for m in model.modules()]
-    model.eval()
+    caches = _lru_caches()
     try:
+        model = _shallow_copy(model)
+        model.eval()
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
             inputs = {k: torch.empty(s, dtype=dtypes[k]) for k, s in shapes.items()}
             mode = _live_bytes_mode()
@@ -97,5 +99,30 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
         _log.debug("forward not measurable on fake tensors (%s: %s)", type(exc).__name__, str(exc)[:200])
         return None
     finally:
-        for m, flag in training:
-            m.training = flag
+        _clear_filled(caches)
+
+
+def _lru_caches() -> dict[int, tuple[object, int]]:
+    """Every ``functools.lru_cache`` alive, with its miss count."""
+    import functools
+    import gc
+
+    return {id(o): (o, o.cache_info().misses) for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)}
+
+
+def _clear_filled(before: dict[int, tuple[object, int]]) -> None:
+    """Empty the lru caches the fake forward filled: Hugging Face BEiT caches its relative position
+    index per window size across instances, and a fake tensor there breaks every later forward."""
+    for key, (cache, misses) in _lru_caches().items():
+        if key not in before or cache.cache_info().misses > before[key][1]:
+            cache.cache_clear()
+
+
+def _shallow_copy(model: "nn.Module") -> "nn.Module":
+    """The module tree copied, its parameters and buffers shared (no weight is copied): a forward
+    on fake tensors fills caches with fake tensors (ConViT's ``rel_indices``, LeViT's attention bias
+    cache), which must never reach the model the pipeline runs."""
+    import copy
+
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo=shared)

@@ -95,6 +95,16 @@ def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bo
     return out
 
 
+def _default_seq(config, longest: int = 128) -> int:
+    """A text encoder's default sequence length: 128, or what its position table holds. RoBERTa-style
+    embeddings number positions from ``pad_token_id + 1`` (a table of 514 holds 512 tokens), so the
+    pad id and one more are taken off."""
+    table = int(getattr(config, "max_position_embeddings", longest) or longest)
+    pad = getattr(config, "pad_token_id", None)
+    offset = pad + 1 if isinstance(pad, int) and 0 <= pad < table // 2 else 0
+    return max(1, min(longest, table - offset))
+
+
 def _build(scheme: str, rest: str, shape, batch_size: int):
     """Build the module and its input spec (name → (shape, dtype)), allocating no input yet."""
     preprocess: Preprocess | None = None
@@ -112,7 +122,7 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
         else:
             if shape is not None and len(shape) != 2:
                 raise BadInput("--input-shape: a text encoder needs N,L (batch, sequence length)")
-            n, seq = shape or (batch_size, min(int(getattr(config, "max_position_embeddings", 128)), 128))
+            n, seq = shape or (batch_size, _default_seq(config))
             vocab = int(getattr(config, "vocab_size", 1000))
             spec = {"input_ids": ((n, seq), torch.int64), "attention_mask": ((n, seq), torch.int64)}
         keyword, name = True, f"hf-{Path(rest).resolve().name}"
