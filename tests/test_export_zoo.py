@@ -80,6 +80,8 @@ def test_export_zoo(case: ZooCase, target: str, tmp_path, monkeypatch, capfd):
         _check_exit_one(case, doc)
     assert _counts(doc) == case.expect, _counts(doc)
     assert (out / "model.int8.onnx").is_file() and (rc == 1 or doc["passed"])
+    int8 = next(s for s in doc["stages"] if s["stage"] == "quantize_int8")["metrics"]
+    print(f"zoo {case.name}-{target}: exit {rc}, INT8 cosine_min {int8['cosine_min']:.4f}")  # shown by pytest -rP
 
 
 def test_the_zoo_holds_the_issue_22_families():
@@ -125,3 +127,4 @@ def test_issue_22_table(uri, target, extra, tmp_path, monkeypatch, capfd):
         assert [s["stage"] for s in failed] == ["quantize_int8"], cap.err
     if uri == "torchvision:vit_b_16":
         assert "the parity gate is vacuous" in cap.err and "all zeros" in doc.get("vacuous_gate", "")
+    print(f"table {uri}-{target}: exit {rc}")  # shown by pytest -rP
