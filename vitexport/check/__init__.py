@@ -3,7 +3,8 @@ runtime rules, as data (``Violation`` / ``CheckResult``), for any file: vitexpor
 
 ``vitexport check MODEL.onnx --target T`` (:func:`vitexport.api.check`) runs :func:`check_file`;
 the export's contract step and the quantizer's validation run the same rules. Rule ids:
-``onnx.checker``; ``contract.*`` (the recipe's keys, :mod:`.contract`); ``qdq.*``, ``orin.*``,
+``onnx.checker``; ``onnx.types`` (operand types against the schemas, :mod:`.types`); ``contract.*``
+(the recipe's keys, :mod:`.contract`); ``qdq.*``, ``orin.*``,
 ``tensorrt.*``, ``npu.*`` (:mod:`.target_rules`, TensorRT's operators in :mod:`.tensorrt_ops`).
 """
 from .checker import check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
