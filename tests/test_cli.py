@@ -6,6 +6,8 @@ import json
 import pytest
 
 from cli_helpers import run_cli
+from onnx_census import assert_clean
+from vitexport.targets import DEFAULT_TARGET, registered_targets
 
 REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
 ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
@@ -51,7 +53,7 @@ def test_parity_json_schema(demo_run):
     assert by["freeze_layernorm"]["changed"] == 9
     assert by["mask_to_where"]["changed"] == 4
     assert by["fuse_qkv"]["changed"] == 4
-    assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.02
+    assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.003
 
 
 def test_manifest_has_versions_recipe_hashes_and_times(demo_run):
@@ -86,19 +88,23 @@ def test_parity_gate_failure_exits_1_naming_stage_and_metric(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["npu", "cpu", "orin-jp5"])
+@pytest.mark.parametrize("target", [n for n in registered_targets() if n != DEFAULT_TARGET])
 def test_other_targets_export_the_demo(tmp_path, target):
+    """Every registered target exports the demo (the default one in ``demo_run``)."""
     proc = run_cli("export", "--target", target, "--out", str(tmp_path / target))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / target / "parity.json").read_text())
     assert doc["passed"] and [s["stage"] for s in doc["stages"]][:6] == ORDER[:6]
     from vitexport import api
 
-    # the files it writes for the target pass `vitexport check` (model.raw.onnx, the export before
-    # onnxsim, is an intermediate: the contract holds from simplify on)
+    # the files it writes for the target pass `vitexport check` without a warning (model.raw.onnx,
+    # the export before onnxsim, is an intermediate: the contract holds from simplify on), and every
+    # file is clean (issue 23)
     for name in ("model.fp32.onnx", "model.int8.onnx"):
         result = api.check(tmp_path / target / name, target)
-        assert result, result.lines()
+        assert result and not result.warnings, result.lines()
+    for name in ("model.raw.onnx", "model.fp32.onnx", "model.int8.onnx"):
+        assert_clean(tmp_path / target / name)
 
 
 @pytest.mark.slow

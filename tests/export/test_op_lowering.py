@@ -7,9 +7,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from vitexport.engines.sessions import Session
+from vitexport.runners.sessions import Session
 from vitexport.export.op_lowering import lower_to_allowed_ops
-from vitexport.recipe import load_recipe
+from vitexport.targets import build_target, load_recipe
 
 NPU_OPS = load_recipe("npu").contract.allowed_ops
 
@@ -88,7 +88,7 @@ def test_an_npu_export_of_normalize_and_pooling_passes_its_contract(tmp_path):
     net, recipe = Net().eval(), load_recipe("npu")
     inputs = {"x": torch.randn(2, 3, 12, 12)}
     export_onnx(net, inputs, tmp_path / "raw.onnx", recipe.export, contract=recipe.contract)
-    rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)
+    rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))
     assert {"GlobalAveragePool", "ReduceL2", "Clip"} <= set(rep.ops_before) and rep.contract == "holds"
     assert not {"GlobalAveragePool", "ReduceL2", "Clip"} & set(rep.ops_after)
     assert sum("not in contract.allowed_ops" in n for n in rep.notes) == 3

@@ -6,8 +6,10 @@ Everything is built offline (``pretrained=False`` / configs), small enough that 
 from __future__ import annotations
 
 import io
+import tempfile
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,9 +18,11 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
+from vitexport.export import export_onnx as pipeline_export
 from vitexport.passes import PassReport, freeze_layernorm, fuse_qkv, mask_to_where
 from vitexport.recipe import FreezeLayerNormSpec, LayerNormMode
 from vitexport.sources import OutputAdapter
+from vitexport.targets import load_recipe
 
 __all__ = [
     "Case",
@@ -295,12 +299,6 @@ def export_onnx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> onnx.Model
                 model, tuple(inputs.values()), buf, input_names=list(inputs), output_names=["output"], opset_version=17, dynamo=False
             )
     except torch.onnx.errors.UnsupportedOperatorError:
-        import tempfile
-        from pathlib import Path
-
-        from vitexport.export import export_onnx as pipeline_export
-        from vitexport.recipe import load_recipe
-
         recipe = load_recipe("orin")
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "m.onnx"

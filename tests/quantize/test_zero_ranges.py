@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from qcases import recipe
+from qcases import target as build
 from qgraph import load
 from qmodels import export_onnx
 from vitexport.calibration import random_samples
 from vitexport.api import check
-from vitexport.engines.sessions import QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.parity.metrics import compute_metrics
 from vitexport.quantize import quantize_int8
 from vitexport.quantize.precision import FP16_MIN_SCALE, legal_fp16_scales
@@ -60,7 +60,7 @@ def _case(tmp_path, zero_head: bool, opset: int = 17):
 def test_dead_channels_and_zero_ranges_quantize_on_every_target(tmp_path, target, zero_head):
     path, ex, feeds, ref = _case(tmp_path, zero_head, 13 if target == "npu" else 17)
     out = tmp_path / "m.int8.onnx"
-    rep = quantize_int8(path, out, random_samples(ex, 40, seed=0), recipe(target, NO_FALLBACK), tmp_path)
+    rep = quantize_int8(path, out, random_samples(ex, 40, seed=0), build(target, NO_FALLBACK), tmp_path)
     result = check(out, target)
     assert result, result.lines()
     # the dead branch's reader stays float, and the report says why
@@ -76,7 +76,7 @@ def test_dead_channels_and_zero_ranges_quantize_on_every_target(tmp_path, target
 def test_float16_scales_are_exact_normal_or_subnormal_and_never_zero(tmp_path):
     path, ex, feeds, ref = _case(tmp_path, zero_head=False)
     out = tmp_path / "m.int8.onnx"
-    rep = quantize_int8(path, out, random_samples(ex, 40, seed=0), recipe("orin", NO_FALLBACK), tmp_path)
+    rep = quantize_int8(path, out, random_samples(ex, 40, seed=0), build("orin", NO_FALLBACK), tmp_path)
     assert rep.precision["high_precision"] == "fp16"
     m = load(out)
     scales = [n.inputs[1].const_value.numpy() for n in m.graph if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
@@ -128,7 +128,7 @@ def test_a_range_below_the_least_scale_stays_float(tmp_path, target, least):
     m = _Faint().eval()
     ex = {"x": torch.randn(1, 6, 8)}
     path = export_onnx(m, ex, tmp_path / "faint.onnx")
-    rep = quantize_int8(path, tmp_path / "q.onnx", random_samples(ex, 40, seed=0), recipe(target, NO_FALLBACK), tmp_path)
+    rep = quantize_int8(path, tmp_path / "q.onnx", random_samples(ex, 40, seed=0), build(target, NO_FALLBACK), tmp_path)
     faint = [why for why in rep.skipped_nodes.values() if "its scale would be below the least one written" in why]
     assert len(faint) == 1 and least in faint[0], rep.skipped_nodes
     feeds = list(random_samples(ex, 4, seed=2).batches(1))

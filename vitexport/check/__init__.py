@@ -4,18 +4,23 @@ runtime rules, as data (``Violation`` / ``CheckResult``), for any file: vitexpor
 ``vitexport check MODEL.onnx --target T`` (:func:`vitexport.api.check`) runs :func:`check_file`;
 the export's contract step and the quantizer's validation run the same rules. Rule ids:
 ``onnx.checker``; ``onnx.types`` (operand types against the schemas, :mod:`.types`); ``contract.*``
-(the recipe's keys, :mod:`.contract`); ``qdq.*``, ``orin.*``,
-``tensorrt.*``, ``npu.*`` (:mod:`.target_rules`, TensorRT's operators in :mod:`.tensorrt_ops`).
+(the recipe's keys, :mod:`.contract`); ``qdq.*`` (the rules every target shares, :mod:`.rules`) and
+the target's own (its ``Target.rules()``, in its module under :mod:`vitexport.targets`); ``lint.*``
+(:mod:`.lint`: dead tensors, names, float64, Q/DQ that does nothing; warnings or errors, the same for
+every target). This package is handed the run's target and names none.
 """
 from .checker import check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
 from .contract import OP_HINTS, contract_violations, float16_violations
-from .target_rules import TARGET_RULES, CpuRules, NpuRules, OrinRules, TargetRules, target_rules
-from .tensorrt_ops import TENSORRT_8_6, TENSORRT_10_3, TensorRTParser, tensorrt_parser
-from .violation import CheckResult, Violation
+from .lint import LINT_RULES, lint_model
+from .rules import RuntimeRules
+from .violation import CheckResult, Severity, Violation
 
 __all__ = [
     "Violation",
+    "Severity",
     "CheckResult",
+    "LINT_RULES",
+    "lint_model",
     "check_file",
     "check_model",
     "model_violations",
@@ -25,14 +30,5 @@ __all__ = [
     "contract_violations",
     "float16_violations",
     "OP_HINTS",
-    "TargetRules",
-    "OrinRules",
-    "NpuRules",
-    "CpuRules",
-    "TARGET_RULES",
-    "target_rules",
-    "TensorRTParser",
-    "TENSORRT_10_3",
-    "TENSORRT_8_6",
-    "tensorrt_parser",
+    "RuntimeRules",
 ]

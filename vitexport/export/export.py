@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from ..engines.torch_runner import primary_output
+from ..runners.torch_runner import primary_output
 from ..errors import BadInput
+from ..graph.files import artifact_files
 from ..io import atomic_path
 from ..quiet import captured_output
 from ..recipe import ContractSpec, Exporter, ExportSpec
+from ..results import Data, result
+from .interface import finish_export
 from .lowering import LOWERABLE
 from .opset import convert_opset, default_opset
 from .rewrites import ExportRewrites
@@ -42,8 +45,8 @@ _REWRITE_NOTES = {
 }
 
 
-@dataclass
-class ExportAttempt:
+@result
+class ExportAttempt(Data):
     """One exporter run: which, whether it produced the file, and the first line of its error."""
 
     exporter: str
@@ -53,8 +56,8 @@ class ExportAttempt:
     opset: int | None = None
 
 
-@dataclass
-class ExportReport:
+@result
+class ExportReport(Data):
     """What :func:`export_onnx` did. ``exporter`` is the one that wrote the file."""
 
     path: str
@@ -67,8 +70,6 @@ class ExportReport:
     seconds: float
     size_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _Positional(nn.Module):
@@ -258,7 +259,9 @@ def export_onnx(
         opset, counts, extra = run.at(spec.opset)
         if opset is None:
             opset, counts, extra = run.higher()
-        size = tmp.stat().st_size
+    # the exporter's file, rewritten through the one writer: the model's inputs, clean (graph.clean)
+    extra += finish_export(Path(out_path), example_inputs)
+    size = sum(p.stat().st_size for p in artifact_files(out_path))
     used = attempts[-1].exporter
     notes = ["static shapes " + ", ".join(f"{k}={list(v.shape)}" for k, v in example_inputs.items())]
     notes += [f"{a.exporter} failed ({a.error}); fell back to {used}" for a in attempts if not a.ok and a.opset == opset]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
@@ -20,10 +20,13 @@ import onnx_ir as ir
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..quiet import captured_output
-from ..recipe import Recipe
 from ..check import model_violations, run_checker
+from ..results import Data, result
 from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
+
+if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -36,8 +39,8 @@ SKIPPED_OPTIMIZERS = ["fuse_matmul_add_bias_into_gemm", "fuse_qkv"]
 _OPAQUE_USES = {("MatMul", 1), ("Gemm", 1), ("Conv", 1), ("ConvTranspose", 1)}
 
 
-@dataclass
-class SimplifyReport:
+@result
+class SimplifyReport(Data):
     """Node counts before and after, what was held aside, and the contract verdict."""
 
     path: str
@@ -52,8 +55,6 @@ class SimplifyReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _opaque(value: ir.Value) -> bool:
@@ -81,11 +82,11 @@ def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
 def simplify_onnx(
     in_path: str | Path,
     out_path: str | Path,
-    recipe: Recipe,
+    target: Target,
     *,
     recipe_path: str | Path | None = None,
 ) -> SimplifyReport:
-    """Simplify ``in_path`` with onnxsim, check ``recipe``'s contract, write ``out_path``.
+    """Simplify ``in_path`` with onnxsim, check the target's rules and its recipe's contract, write ``out_path``.
 
     ``recipe.export.simplify: false`` skips onnxsim; the contract is checked either way.
 
@@ -93,7 +94,7 @@ def simplify_onnx(
         in_path: the exported ONNX file.
         out_path: the simplified file (``model.fp32.onnx``, with ``.data`` for a large model);
             written atomically, only after the contract holds.
-        recipe: the target recipe (``contract`` rules, ``export.simplify``).
+        target: the run's target (its rules; its recipe's ``contract`` and ``export.simplify``).
         recipe_path: how to name the recipe in messages (default ``recipes/<name>.yaml``).
     Returns:
         A :class:`SimplifyReport`.
@@ -103,6 +104,7 @@ def simplify_onnx(
         BadInput: ``in_path`` is missing or is not an ONNX model.
     """
     t0 = time.perf_counter()
+    recipe = target.recipe
     in_path, out_path = Path(in_path), Path(out_path)
     model = load_model(in_path)
     ops_before, nodes_before = Counter(n.op_type for n in model.graph), model.graph.num_nodes()
@@ -130,8 +132,8 @@ def simplify_onnx(
                   for op, k in sorted(lowered.items())]
         violations = run_checker(ir.to_proto(simplified))
     # the same rules as ``vitexport check``: the contract, then the target's (no rule reads a weight)
-    violations += model_violations(simplified, recipe)
-    raise_violations(violations, recipe, recipe_path, out_path.name)
+    violations += model_violations(simplified, target)
+    raise_violations(violations, target, recipe_path, out_path.name)
     kept = [v for v in simplified.graph.initializers.values() if v.name in held]
     save_model(simplified, out_path)
     ops_after = Counter(n.op_type for n in simplified.graph)

@@ -12,6 +12,9 @@ None; the caller then checks only what it can count exactly (the inputs).
 """
 from __future__ import annotations
 
+import copy
+import functools
+import gc
 import logging
 from typing import TYPE_CHECKING
 
@@ -41,6 +44,7 @@ def _explicit_scores(func, args) -> int:
 
 def _live_bytes_mode():
     """A dispatch mode that tracks the bytes of live tensor storages and their peak."""
+    # torch on first use: preflight loads with calibration, which ONNX-only work imports
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -81,7 +85,7 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
         shapes, dtypes: input name → shape / dtype.
         keyword: pass the inputs by name (else by position, in ``shapes``' order).
     """
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     caches = _lru_caches()
@@ -104,9 +108,6 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
 
 def _lru_caches() -> dict[int, tuple[object, int]]:
     """Every ``functools.lru_cache`` alive, with its miss count."""
-    import functools
-    import gc
-
     return {id(o): (o, o.cache_info().misses) for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)}
 
 
@@ -122,7 +123,5 @@ def _shallow_copy(model: "nn.Module") -> "nn.Module":
     """The module tree copied, its parameters and buffers shared (no weight is copied): a forward
     on fake tensors fills caches with fake tensors (ConViT's ``rel_indices``, LeViT's attention bias
     cache), which must never reach the model the pipeline runs."""
-    import copy
-
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     return copy.deepcopy(model, memo=shared)

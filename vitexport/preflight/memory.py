@@ -131,7 +131,7 @@ def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes:
         shapes, dtypes: input name → shape / dtype.
         setting: what the user changes to need less (for the message).
     """
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     needs = []
     for name, shape in shapes.items():
@@ -150,7 +150,7 @@ def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes:
 def histogram_need(model: "nn.Module", num_bins: int, method: str) -> list[Need]:
     """Calibration histograms: ``2 * num_bins`` int64 counts (and float work arrays) for each
     observed tensor, about three per Linear / Conv layer."""
-    from torch import nn
+    from torch import nn  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     if method == "minmax":
         return []

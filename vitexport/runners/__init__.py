@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import BaseRunner, InputSpec
+from .base import BaseRunner, InputSpec, feed_size
 from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from .reference_runner import OnnxReferenceRunner
 from .trt_runner import TensorRTRunner, require_tensorrt, tensorrt_available, tensorrt_missing
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BaseRunner",
     "InputSpec",
+    "feed_size",
     "TorchRunner",
     "OnnxRuntimeRunner",
     "QDQ_AS_FLOAT",
