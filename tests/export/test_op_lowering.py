@@ -7,8 +7,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from vitexport.runners.sessions import Session
+from vitexport.export import export_onnx, simplify_onnx
 from vitexport.export.op_lowering import lower_to_allowed_ops
+from vitexport.graph.files import data_file, load_model, save_model
+from vitexport.runners.sessions import Session
 from vitexport.targets import build_target, load_recipe
 
 NPU_OPS = load_recipe("npu").contract.allowed_ops
@@ -70,15 +72,18 @@ def test_nothing_is_rewritten_where_the_op_is_allowed_or_no_list_is_given():
     assert not lower_to_allowed_ops(build(13), [op for op in NPU_OPS if op != "ReduceMean"])  # no rewrite fits
 
 
-def test_an_npu_export_of_normalize_and_pooling_passes_its_contract(tmp_path):
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
+def test_an_npu_export_of_normalize_and_pooling_passes_its_contract(tmp_path, external):
     """F.normalize (ReduceL2 + Clip) and adaptive average pooling (GlobalAveragePool) export for the
-    npu, whose list has none of the three, with parity at the simplify stage."""
-    from vitexport.export import export_onnx, simplify_onnx
+    npu, whose list has none of the three, with parity at the simplify stage; also when the weights
+    live in a ``.data`` file (a model over 64 MB: timm's swinv2_tiny at 112 MB once failed the
+    checker run after the rewrite, which had no folder to read the ``.data`` file from)."""
 
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 4)
+            # a conv weight of 19 KB: over LIFT_MIN_BYTES, so simplify holds it aside as it does a real model's
+            self.conv, self.fc = torch.nn.Conv2d(3, 64, 5), torch.nn.Linear(64, 4)
 
         def forward(self, x):
             h = torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1).flatten(1)
@@ -88,6 +93,9 @@ def test_an_npu_export_of_normalize_and_pooling_passes_its_contract(tmp_path):
     net, recipe = Net().eval(), load_recipe("npu")
     inputs = {"x": torch.randn(2, 3, 12, 12)}
     export_onnx(net, inputs, tmp_path / "raw.onnx", recipe.export, contract=recipe.contract)
+    if external:
+        save_model(load_model(tmp_path / "raw.onnx"), tmp_path / "raw.onnx", external_min_bytes=0)
+        assert data_file(tmp_path / "raw.onnx").is_file()
     rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))
     assert {"GlobalAveragePool", "ReduceL2", "Clip"} <= set(rep.ops_before) and rep.contract == "holds"
     assert not {"GlobalAveragePool", "ReduceL2", "Clip"} & set(rep.ops_after)
