@@ -19,7 +19,7 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
+.PHONY: setup export test test-fast test-zoo parity demo-model bench bench-quick bench-peers bench-legacy clean
 
 setup:  ## create .venv and install vitexport with its dev tools (package registries only)
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,16 @@ setup:  ## create .venv and install vitexport with its dev tools (package regist
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)
 
-test:  ## the test suite (CPU only; TensorRT tests skip without TensorRT and a GPU)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test:  ## the test suite (CPU only; TensorRT tests skip without TensorRT and a GPU; the zoo's slow lane is test-zoo)
+	$(BIN)/python -m pytest -q -m "not zoo" $(PYTEST_ARGS)
 
-test-fast:  ## the fast lane: every test not marked slow (about two minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+test-fast:  ## the fast lane: every test not marked slow or zoo (about two minutes on 2 cores)
+	$(BIN)/python -m pytest -q -m "not slow and not zoo" $(PYTEST_ARGS)
+
+ZOO_TESTS := tests/test_export_zoo.py tests/passes/test_zoo.py tests/preflight/test_zoo_memory.py
+
+test-zoo:  ## the whole model zoo (70+ families exported, issue 22's full-size models, memory at 16 GB): about an hour on 2 cores
+	$(BIN)/python -m pytest -q $(ZOO_TESTS) $(PYTEST_ARGS)
 
 parity:  ## regenerate the demo's committed report in parity/demo
 	$(BIN)/vitexport export --target orin --out parity/demo --no-resume

@@ -332,6 +332,7 @@ def _cases() -> list[Case]:
         C("zip that holds no arrays", lambda t: ["--calib", str(_zip(t))], "holds no arrays"),
         C("npz with pickled objects", lambda t: ["--calib", str(_object_npz(t))], "not a readable .npz"),
         C("npz with NaN", lambda t: [*_py(t, "build"), "--calib", str(_nan_npz(t))], "NaN"),
+        C("all-zero calibration file", lambda t: [*_py(t, "build"), "--calib", str(_zeros_npz(t))], "the data is constant"),
         C("string labels", lambda t: [*_py(t, "build"), "--parity-data", str(_npz(t, y=np.array(["cat"] * 8)))], "'y' holds strings"),
         C("fractional labels", lambda t: [*_py(t, "build"), "--parity-data", str(_npz(t, y=np.full(8, 0.5)))], "integer class indices"),
         C("one-hot labels", lambda t: [*_py(t, "build"), "--parity-data", str(_npz(t, y=np.eye(8, 5)))], "not one-hot"),
@@ -403,6 +404,11 @@ def _nan_npz(tmp: Path) -> Path:
     x[2, 1, 3, 4] = np.nan
     np.savez(tmp / "data.npz", x=x)
     return tmp / "data.npz"
+
+
+def _zeros_npz(tmp: Path) -> Path:
+    np.savez(tmp / "zeros.npz", x=np.zeros((8, 3, 32, 32), np.float32))
+    return tmp / "zeros.npz"
 
 
 def _bomb(tmp: Path) -> Path:

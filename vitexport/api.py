@@ -85,7 +85,7 @@ def prepare(
         calib = DEMO_CALIB if calib is None else calib
         parity_data = DEMO_HELDOUT if parity_data is None else parity_data
     model = load_model(model_uri, weights=weights, input_shape=input_shape, batch_size=recipe.export.batch_size, trust_pickle=trust_pickle)
-    notes: list[str] = []
+    notes: list[str] = list(model.meta.get("notes", ()))  # what the source decided (the Hugging Face class built)
     cal_spec = recipe.calibration
     kw = dict(preprocess=model.preprocess, spec=cal_spec.preprocess)
     if calib is not None:

@@ -19,6 +19,10 @@ from vitexport.recipe import PreprocessSpec
 from vitexport.sources.base import Preprocess
 
 EX = {"x": np.zeros((1, 3, 32, 32), np.float32)}
+
+
+def _images(n: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)
 TEXT = {"input_ids": np.zeros((1, 16), np.int64), "attention_mask": np.ones((1, 16), np.int64)}
 
 
@@ -239,22 +243,37 @@ def test_skipped_images_say_why(folder):
     (np.array([{"a": 1}] * 4, dtype=object), "not a readable"),
 ])
 def test_labels_must_be_class_indices(tmp_path, labels, message):
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32), y=labels)
+    np.savez(tmp_path / "d.npz", x=_images(4), y=labels)
     with pytest.raises(BadInput, match=message):
         load_samples(tmp_path / "d.npz", EX)
 
 
 def test_integral_float_labels_become_integers(tmp_path):
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32), y=np.array([[0.0], [1.0], [2.0], [1.0]]))
+    np.savez(tmp_path / "d.npz", x=_images(4), y=np.array([[0.0], [1.0], [2.0], [1.0]]))
     s = load_samples(tmp_path / "d.npz", EX)
     assert s.labels.dtype == np.int64 and s.labels.tolist() == [0, 1, 2, 1]
 
 
 def test_data_files_are_told_by_content(tmp_path):
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3, 32, 32), np.float32))
+    np.savez(tmp_path / "d.npz", x=_images(4))
     (tmp_path / "d.npz").rename(tmp_path / "calibration.data")  # an .npz under any name is an .npz
     assert len(load_samples(tmp_path / "calibration.data", EX)) == 4
     with open(tmp_path / "single.npz", "wb") as fh:
         np.save(fh, np.zeros((4, 3, 32, 32), np.float32))
     with pytest.raises(BadInput, match="single .npy array"):
         load_samples(tmp_path / "single.npz", EX)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5])
+def test_constant_data_is_refused(tmp_path, value):
+    """All-zero (or any single-valued) data would calibrate every range to 0 and make every parity
+    gate vacuous: refused at load, naming the array and the value."""
+    np.savez(tmp_path / "d.npz", x=np.full((6, 3, 32, 32), value, np.float32))
+    with pytest.raises(BadInput, match=f"the data is constant \\(every value of 'x' is {value:g} in all 6 sample"):
+        load_samples(tmp_path / "d.npz", EX)
+
+
+def test_a_constant_float_input_beside_a_varying_one_is_data(tmp_path):
+    ex = {"x": np.zeros((1, 3, 32, 32), np.float32), "gain": np.ones((1, 1), np.float32)}
+    np.savez(tmp_path / "d.npz", x=_images(4), gain=np.ones((4, 1), np.float32))
+    assert len(load_samples(tmp_path / "d.npz", ex)) == 4

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 from planted import linear, save, single_op
 
 from vitexport.check import check_file, rules_checked
+from vitexport.check.types import type_violations
 from vitexport.errors import BadInput
 from vitexport.targets import load_target, registered_targets
 from vitexport.targets.tensorrt_ops import TENSORRT_8_6, TENSORRT_10_3
@@ -33,7 +34,7 @@ PLANTED = [
     ("scale-zero", "cpu", [], lambda: linear(act_scale=0.0), {"qdq.scale": "act_q"}),
     ("dq-into-add", "orin", [], lambda: linear(consumer="Add"), {"orin.float_consumer": "act_dq"}),
     ("float16-below-19", "orin", [], lambda: linear(dtype=TensorProto.FLOAT16),
-     {"orin.float16_qdq": "act_q", "onnx.checker": None}),
+     {"orin.float16_qdq": "act_q", "onnx.checker": None, "onnx.types": "act_q"}),
 ]
 
 
@@ -161,3 +162,23 @@ def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
     assert "[tensorrt.ops]" in str(err.value)
     assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_target("orin")).errors]
     assert not (tmp_path / "model.fp32.onnx").exists()
+
+
+def test_operand_types_are_checked_against_the_schema():
+    """A float16 ``scales`` on Resize (what ONNX Runtime refuses with INVALID_GRAPH) is rule
+    ``onnx.types``, naming the node and the operand; a mixed-type constraint is caught too."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1, 3, 8, 8])
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float16), "sc")
+    other = numpy_helper.from_array(np.ones((1, 3, 8, 8), np.float32), "one")
+    nodes = [helper.make_node("Resize", ["x", "", "sc"], ["y"], name="up", mode="nearest"),
+             helper.make_node("Add", ["y", "one"], ["z"], name="add")]
+    m = ir.from_proto(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [scales, other]),
+                                        opset_imports=[helper.make_opsetid("", 19)]))
+    got = [(v.rule, v.node) for v in type_violations(m)]
+    assert got == [("onnx.types", "up"), ("onnx.types", "add")]
+    assert "input 'scales' ('sc') as tensor(float16)" in type_violations(m)[0].problem
+    scales_ok = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "sc")
+    fixed = ir.from_proto(helper.make_model(helper.make_graph(nodes[:1], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 3, 8, 8])], [scales_ok]),
+                                            opset_imports=[helper.make_opsetid("", 19)]))
+    assert type_violations(fixed) == []

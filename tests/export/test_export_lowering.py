@@ -4,12 +4,13 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from export_helpers import op_counts, run_ort
 
 from vitexport.export import export_onnx, simplify_onnx
-from vitexport.export.lowering import bool_and, bool_or, cumsum_as_matmul, gather_as_matmul
+from vitexport.export.lowering import bool_and, bool_or, cumsum_as_matmul, fold_as_conv_transpose, gather_as_matmul
 from vitexport.targets import build_target, load_recipe
 
 G = torch.Generator().manual_seed(0)
@@ -88,3 +89,30 @@ def test_index_plumbing_passes_the_npu_contract(tmp_path):
         warnings.simplefilter("ignore")
         export_onnx(Plumbing().eval(), inputs, tmp_path / "raw.onnx", recipe.export, contract=recipe.contract)
     simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))  # raises on a contract violation
+
+
+@pytest.mark.parametrize("channels,kernel,stride,padding,size,dilation",
+                         [(3, 3, 1, 1, 8, 1), (2, 3, 2, 1, 9, 1), (4, 2, 2, 0, 8, 1), (2, 3, 1, 0, 7, 2)])
+def test_fold_as_conv_transpose_is_fold(channels, kernel, stride, padding, size, dilation):
+    torch.manual_seed(0)
+    blocks = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    x = torch.randn(2, channels * kernel * kernel, blocks * blocks)
+    want = torch.nn.functional.fold(x, (size, size), kernel, dilation=dilation, padding=padding, stride=stride)
+    got = fold_as_conv_transpose(x, (size, size), kernel, dilation, padding, stride)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+def test_fold_exports_at_opset_17_without_col2im(tmp_path):
+    """VOLO's outlook attention folds patches back (ONNX Col2Im: opset 18 only, no TensorRT 10.3
+    importer): written as ConvTranspose, the model exports at the orin recipe's opset 17."""
+    class Outlook(torch.nn.Module):
+        def forward(self, x):
+            cols = torch.nn.functional.unfold(x, 3, padding=1, stride=2)
+            return torch.nn.functional.fold(cols * 0.5, x.shape[-2:], 3, padding=1, stride=2)
+
+    recipe = load_recipe("orin")
+    x = {"x": torch.randn(1, 4, 8, 8)}
+    rep = export_onnx(Outlook(), x, tmp_path / "m.onnx", recipe.export, contract=recipe.contract)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert rep.opset == 17 and "ConvTranspose" in ops and "Col2Im" not in ops
+    assert any("F.fold written as a grouped ConvTranspose" in n for n in rep.notes)

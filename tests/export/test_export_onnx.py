@@ -153,3 +153,34 @@ def test_caller_model_is_not_modified(tmp_path):
     export_onnx(model, image(size), tmp_path / "raw.onnx", load_recipe("orin-jp5").export)
     assert model.training and all(m.training for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _AntialiasedPositions(torch.nn.Module):
+    """Position embeddings resized with antialiased bicubic interpolation (Hugging Face's
+    Dinov2WithRegisters): ``aten::_upsample_bicubic2d_aa`` has no TorchScript ONNX form, and the
+    dynamo exporter's opset-18 graph does not convert down (no 18 -> 17 adapter for its Split)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 4, 6, 6))
+        self.proj = torch.nn.Conv2d(3, 4, 2, 2)
+
+    def forward(self, x):
+        pos = torch.nn.functional.interpolate(self.pos, size=(4, 4), mode="bicubic", antialias=True, align_corners=False)
+        a, b = (self.proj(x) + pos).chunk(2, dim=1)
+        return (a * b).flatten(1)
+
+
+@pytest.mark.slow  # three dynamo exports: ~20 s
+def test_an_opset_the_contract_allows_is_chosen_when_the_recipes_cannot_export(tmp_path):
+    torch.manual_seed(0)
+    inputs = {"x": torch.randn(1, 3, 8, 8)}
+    recipe = load_recipe("orin")  # export.opset 17, contract.max_opset 19
+    rep = export_onnx(_AntialiasedPositions().eval(), inputs, tmp_path / "m.onnx", recipe.export, contract=recipe.contract)
+    assert rep.opset == 18 and onnx.load(str(tmp_path / "m.onnx")).opset_import[0].version == 18
+    assert any("opset 17 cannot export this model" in n and "_upsample_bicubic2d_aa" in n
+               and "exported at opset 18, which contract.max_opset 19 allows" in n for n in rep.notes), rep.notes
+    tight = load_recipe("orin", ["contract.max_opset=17"])
+    with pytest.raises(BadInput, match=r"opset 18 can: --set export.opset=18 --set contract.max_opset=18"):
+        export_onnx(_AntialiasedPositions().eval(), inputs, tmp_path / "n.onnx", tight.export, contract=tight.contract)
+    assert not (tmp_path / "n.onnx").exists()

@@ -6,8 +6,10 @@ Everything is built offline (``pretrained=False`` / configs), small enough that 
 from __future__ import annotations
 
 import io
+import tempfile
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,9 +18,11 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
+from vitexport.export import export_onnx as pipeline_export
 from vitexport.passes import PassReport, freeze_layernorm, fuse_qkv, mask_to_where
 from vitexport.recipe import FreezeLayerNormSpec, LayerNormMode
 from vitexport.sources import OutputAdapter
+from vitexport.targets import load_recipe
 
 __all__ = [
     "Case",
@@ -285,12 +289,21 @@ FAMILIES = ("timm_vit", "timm_deit", "timm_swin", "hf_vit_eager", "hf_vit_sdpa",
 # ONNX: export with the TorchScript exporter (what the pipeline uses), run, inspect.
 # --------------------------------------------------------------------------------------------------
 def export_onnx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> onnx.ModelProto:
+    """Opset 17 with the TorchScript exporter; a model that needs a newer opset (VOLO's fold is
+    opset 18's Col2Im) goes the pipeline's way, which chooses the opset the orin contract allows."""
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model, tuple(inputs.values()), buf, input_names=list(inputs), output_names=["output"], opset_version=17, dynamo=False
-        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model, tuple(inputs.values()), buf, input_names=list(inputs), output_names=["output"], opset_version=17, dynamo=False
+            )
+    except torch.onnx.errors.UnsupportedOperatorError:
+        recipe = load_recipe("orin")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "m.onnx"
+            pipeline_export(model, inputs, path, recipe.export, contract=recipe.contract)
+            return onnx.load(str(path))
     return onnx.load_from_string(buf.getvalue())
 
 

@@ -13,7 +13,7 @@ import torch
 
 from passes_zoo import PASS_ORDER, export_onnx, float_mask_adds, run_onnx, softmax_mask_producers
 from vitexport.passes import get_pass
-from zoo_families import SLOW, ZOO, ZooCase
+from zoo_families import CORE, SLOW, ZOO, ZooCase
 
 TORCH_REL = 1e-5
 ONNX_REL = 1e-4
@@ -45,7 +45,11 @@ def _counts(reports) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW else []) for c in ZOO])
+def _marks(case: ZooCase) -> list:
+    return ([pytest.mark.slow] if case.name in SLOW else []) + ([] if case.name in CORE else [pytest.mark.zoo])
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=_marks(c)) for c in ZOO])
 def test_zoo(case: ZooCase):
     torch.manual_seed(0)
     model, make = case.build()
@@ -68,7 +72,10 @@ def test_zoo(case: ZooCase):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         proto = export_onnx(current, inputs)
-    assert softmax_mask_producers(proto).count("Where") == where.changed
+    wheres = softmax_mask_producers(proto).count("Where")
+    # opset 17 is the TorchScript exporter's graph; a model exported the pipeline's way at 18
+    # (dynamo: its softmax guards fully masked rows with a Where of its own) has at least as many
+    assert wheres == where.changed if proto.opset_import[0].version == 17 else wheres >= where.changed
     assert float_mask_adds(proto) == 0
     for i in range(VARIANTS):
         x = make(i)
@@ -76,7 +83,7 @@ def test_zoo(case: ZooCase):
         assert _relative(ref, run_onnx(proto, x), _keep(case, x, ref)) <= ONNX_REL, i
 
 
-def test_zoo_covers_25_families():
-    assert len({c.name for c in ZOO}) >= 25
+def test_zoo_covers_60_families():
+    assert len({c.name for c in ZOO}) == len(ZOO) >= 60
     prefixes = {c.name.split("_")[0] for c in ZOO}
     assert {"timm", "tv", "hf"} <= prefixes

@@ -10,6 +10,7 @@ from torch import nn
 from qcases import target
 from qgraph import load
 from qmodels import export_onnx
+from vitexport.api import check
 from vitexport.calibration import random_samples
 from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.graph.query import opset_version
@@ -127,3 +128,33 @@ def test_npu_refuses_fp16_float_parts():
 
     with pytest.raises(BadInput, match="high_precision"):
         target("npu", "quantization.high_precision=fp16")
+
+
+class _Upsampled(nn.Module):
+    """EfficientFormerV2's pattern: a conv, ``nn.Upsample`` (ONNX ``Resize`` with float32 ``scales``), a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+
+    def forward(self, x):
+        return self.b(self.up(torch.relu(self.a(x)))).mean((2, 3))
+
+
+def test_fp16_islands_keep_the_operands_an_op_takes_only_in_float32(tmp_path):
+    torch.manual_seed(0)
+    m = _Upsampled().eval()
+    ex = {"x": torch.randn(1, 3, 16, 16)}
+    path = export_onnx(m, ex, tmp_path / "up.onnx", 17)
+    out = tmp_path / "up.int8.onnx"
+    rep = quantize_int8(path, out, random_samples(ex, 16, seed=0), target("orin", NO_FALLBACK), tmp_path)
+    q = load(out)
+    resize = next(n for n in q.graph if n.op_type == "Resize")
+    assert resize.inputs[0].dtype == ir.DataType.FLOAT16 and resize.outputs[0].dtype == ir.DataType.FLOAT16
+    assert resize.inputs[2].dtype == ir.DataType.FLOAT  # scales: tensor(float) only
+    assert check(out, "orin"), check(out, "orin").lines()
+    feeds = list(random_samples(ex, 4, seed=9).batches(1))
+    with torch.no_grad():
+        ref = np.concatenate([m(torch.from_numpy(f["x"])).numpy() for f in feeds])
+    assert compute_metrics(ref, _run(out, feeds)).cosine_min > 0.99 and rep.precision["high_precision"] == "fp16"

@@ -277,3 +277,76 @@ def test_hf_preprocessor_values_are_type_checked(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": "32"}}))
     with pytest.raises(BadInput, match="'size'"):
         load_model(f"hf:{tmp_path}")
+
+
+def _hf_folder(folder, config, drop_architectures=True):
+    cfg = config.to_dict()
+    if drop_architectures:
+        cfg.pop("architectures", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("name,config", [
+    ("segformer", "SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], "
+                  "patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], image_size=32)"),
+    ("levit", "LevitConfig(image_size=64, hidden_sizes=[32, 48], num_attention_heads=[1, 2], depths=[1, 1], key_dim=[8, 8], "
+              "down_ops=[['Subsample', 8, 32 // 8, 4, 2, 2]])"),
+])
+def test_hf_configs_keep_a_list_per_stage(tmp_path, name, config):
+    """Hierarchical models keep heads and widths per stage: config.json's lists are what
+    transformers takes, so they are accepted (they were refused as 'not a valid integer')."""
+    import transformers
+
+    cfg = eval(f"transformers.{config}")
+    m = load_model(f"hf:{_hf_folder(tmp_path / name, cfg)}")
+    assert tuple(m.example_inputs["pixel_values"].shape)[1:] == (3, cfg.image_size, cfg.image_size)
+    assert _out(m).ndim >= 2
+
+
+def test_hf_vision_config_without_image_size_is_an_image_model(tmp_path):
+    """CvT's config has no image_size: the model's main input (pixel_values) says it is an image
+    model; its size comes from the preprocessor's crop, else 224."""
+    from transformers import CvtConfig
+
+    folder = _hf_folder(tmp_path, CvtConfig(embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3]))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"crop_size": {"height": 48, "width": 48}, "size": {"shortest_edge": 56}}))
+    m = load_model(f"hf:{folder}")
+    assert list(m.example_inputs) == ["pixel_values"] and tuple(m.example_inputs["pixel_values"].shape) == (1, 3, 48, 48)
+    assert m.preprocess.resize == 56 and m.preprocess.crop == 48
+    (folder / "preprocessor_config.json").unlink()
+    assert tuple(load_model(f"hf:{folder}").example_inputs["pixel_values"].shape) == (1, 3, 224, 224)
+
+
+def test_hf_class_follows_architectures_else_the_base_model(tmp_path):
+    """Without 'architectures' the base model is built (a backbone checkpoint has no head to export,
+    and a random classifier head is not the model in the folder); the note names the class. The
+    class 'architectures' names is built as such; a classifier's weights without it build the classifier."""
+    from transformers import ViTMSNConfig, ViTMSNForImageClassification
+
+    cfg = ViTMSNConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                       image_size=32, patch_size=8, num_labels=3)
+    base = load_model(f"hf:{_hf_folder(tmp_path / 'a', cfg)}")
+    assert type(base.module.model).__name__ == "ViTMSNModel" and _out(base).shape == (1, 17, 32)
+    assert "built ViTMSNModel, the base model: config.json names no 'architectures'" in base.meta["notes"][0]
+    cfg.architectures = ["ViTMSNForImageClassification"]
+    named = load_model(f"hf:{_hf_folder(tmp_path / 'b', cfg, drop_architectures=False)}")
+    assert _out(named).shape == (1, 3) and "built ViTMSNForImageClassification (config.json 'architectures')" in named.meta["notes"][0]
+    torch.manual_seed(0)
+    ViTMSNForImageClassification(cfg).save_pretrained(tmp_path / "c")
+    cfg_file = tmp_path / "c" / "config.json"
+    cfg_file.write_text(json.dumps({k: v for k, v in json.loads(cfg_file.read_text()).items() if k != "architectures"}))
+    weights = load_model(f"hf:{tmp_path / 'c'}")
+    assert _out(weights).shape == (1, 3) and "the weights hold a task head" in weights.meta["notes"][0]
+
+
+def test_hf_roberta_default_length_fits_its_position_table(tmp_path):
+    """RoBERTa numbers positions from pad_token_id + 1: a table of 40 holds 38 tokens, and the
+    default length says so (40 made the model raise an index error)."""
+    from transformers import RobertaConfig
+
+    cfg = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=40, pad_token_id=1)
+    m = load_model(f"hf:{_hf_folder(tmp_path, cfg)}")
+    assert tuple(m.example_inputs["input_ids"].shape) == (1, 38) and _out(m).shape == (1, 38, 32)

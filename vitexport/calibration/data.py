@@ -249,6 +249,27 @@ def _check_labels(y: np.ndarray, p: Path) -> np.ndarray:
     return y.astype(np.int64, copy=False)
 
 
+def _check_values(inputs: dict[str, NpzMember | np.ndarray], n: int, p: Path) -> None:
+    """Float arrays hold finite values, and not one value throughout: constant data (all zeros)
+    calibrates every range to 0 and makes every parity gate vacuous. Streamed, a chunk at a time."""
+    spans: dict[str, tuple[float, float]] = {}
+    for k, a in inputs.items():
+        if a.dtype.kind not in "fc":
+            continue
+        lo, hi = np.inf, -np.inf
+        for i in range(0, n, _CHUNK):
+            rows = _take(a, np.arange(i, min(i + _CHUNK, n)))
+            if not np.isfinite(rows).all():
+                raise BadInput(f"{p}: array '{k}' holds NaN or infinite values")
+            if rows.size:
+                lo, hi = min(lo, float(rows.real.min())), max(hi, float(rows.real.max()))
+        spans[k] = (lo, hi)
+    if spans and all(lo == hi for lo, hi in spans.values()):
+        k, (v, _) = next(iter(spans.items()))
+        raise BadInput(f"{p}: the data is constant (every value of '{k}' is {v:g} in all {n} sample(s)); "
+                       "calibration and parity need real inputs that vary")
+
+
 def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, seed: int) -> NpzFileSamples:
     try:
         arrays = open_members(p)
@@ -264,11 +285,7 @@ def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, 
         raise BadInput(f"{p}: holds no samples")
     if labels is not None and len(labels) != n:
         raise BadInput(f"{p}: 'y' has {len(labels)} labels for {n} samples")
-    for k, a in inputs.items():  # streamed: a chunk of rows at a time
-        if a.dtype.kind in "fc":
-            for i in range(0, n, _CHUNK):
-                if not np.isfinite(_take(a, np.arange(i, min(i + _CHUNK, n)))).all():
-                    raise BadInput(f"{p}: array '{k}' holds NaN or infinite values")
+    _check_values(inputs, n, p)
     idx = np.arange(n)
     if num_samples is not None and num_samples < n:
         idx = np.sort(np.random.default_rng(seed).permutation(n)[:num_samples])

@@ -3,11 +3,11 @@ runtime rules, as data (``Violation`` / ``CheckResult``), for any file: vitexpor
 
 ``vitexport check MODEL.onnx --target T`` (:func:`vitexport.api.check`) runs :func:`check_file`;
 the export's contract step and the quantizer's validation run the same rules. Rule ids:
-``onnx.checker``; ``contract.*`` (the recipe's keys, :mod:`.contract`); ``qdq.*`` (the rules every
-target shares, :mod:`.rules`) and the target's own (its ``Target.rules()``, in its module under
-:mod:`vitexport.targets`); ``lint.*`` (:mod:`.lint`: dead tensors, names, float64, Q/DQ that does
-nothing; warnings or errors, the same for every target). This package is handed the run's target
-and names none.
+``onnx.checker``; ``onnx.types`` (operand types against the schemas, :mod:`.types`); ``contract.*``
+(the recipe's keys, :mod:`.contract`); ``qdq.*`` (the rules every target shares, :mod:`.rules`) and
+the target's own (its ``Target.rules()``, in its module under :mod:`vitexport.targets`); ``lint.*``
+(:mod:`.lint`: dead tensors, names, float64, Q/DQ that does nothing; warnings or errors, the same for
+every target). This package is handed the run's target and names none.
 """
 from .checker import check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
 from .contract import OP_HINTS, contract_violations, float16_violations

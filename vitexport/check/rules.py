@@ -9,7 +9,8 @@ contract step and ``vitexport check`` run them after the contract.
 
 Shared by every target: ``qdq.scale`` (a finite, positive constant scale), ``qdq.axis`` (a
 per-channel scale names an axis of its input and has one entry per channel along it),
-``qdq.integer_path`` (nothing quantizes an integer tensor such as token ids or a shape).
+``qdq.integer_path`` (nothing quantizes an integer tensor such as token ids or a shape),
+``onnx.types`` (operand types its schema takes, :mod:`.types`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import onnx_ir as ir
 
 from ..graph.query import attr, const_array, opset_version, static_shape
 from .contract import STANDARD_DOMAINS, all_nodes
+from .types import type_violations
 from .violation import Violation, node_label
 
 __all__ = ["RuntimeRules", "violation", "qdq_scale", "qdq_zero_point", "QDQ_OPS", "FLOAT16_TYPES"]
@@ -48,7 +50,7 @@ class RuntimeRules:
     """The rules every target shares. A target's rules subclass it: ``RULES`` lists the ids they
     can report (in the order ``vitexport check`` names them), :meth:`qdq` and :meth:`graph` add theirs."""
 
-    RULES: ClassVar[tuple[str, ...]] = ("qdq.scale", "qdq.axis", "qdq.integer_path")
+    RULES: ClassVar[tuple[str, ...]] = ("qdq.scale", "qdq.axis", "qdq.integer_path", "onnx.types")
     #: the id of a rule that says what ``contract.forbid_float16`` says (a check reports it by the key)
     FLOAT16_RULE: ClassVar[str | None] = None
 
@@ -60,7 +62,7 @@ class RuntimeRules:
         for n in all_nodes(model):
             if n.op_type in QDQ_OPS and n.domain in STANDARD_DOMAINS:
                 out += self.qdq(n, opset)
-        out += self.graph(model, opset)
+        out += self.graph(model, opset) + type_violations(model)
         skip = set(skip)
         return [v for v in out if v.rule not in skip]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +21,7 @@ from ..runners.torch_runner import primary_output
 from ..errors import BadInput
 from ..graph.files import artifact_files
 from ..io import atomic_path
+from ..quiet import captured_output
 from ..recipe import ContractSpec, Exporter, ExportSpec
 from ..results import Data, result
 from .interface import finish_export
@@ -39,6 +41,7 @@ _REWRITE_NOTES = {
     "einsum_as_matmul": "einsum written as Transpose/Reshape/MatMul: {n} call(s)",
     "einsum_kept": "einsum left as an Einsum op (not a batched matrix product): {n} call(s)",
     "gelu_tanh": "GELU written as its tanh approximation with Mul (no Pow): {n} call(s)",
+    "fold_as_conv_transpose": "F.fold written as a grouped ConvTranspose (no Col2Im): {n} call(s)",
 }
 
 
@@ -50,6 +53,7 @@ class ExportAttempt(Data):
     ok: bool
     seconds: float
     error: str | None = None
+    opset: int | None = None
 
 
 @result
@@ -134,6 +138,64 @@ def _dynamo(module: nn.Module, args: tuple, names: list[str], opset: int, path: 
 _EXPORTERS = {"torchscript": _torchscript, "dynamo": _dynamo}
 
 
+@dataclass
+class _Run:
+    """The exporters tried in order at one opset, then (when none can) at a higher one the
+    contract allows: Hugging Face's Dinov2WithRegisters interpolates its position embeddings with
+    antialiased bicubic resizing, which only opset 18's Resize expresses."""
+
+    wrapper: nn.Module
+    args: tuple
+    names: list[str]
+    spec: ExportSpec
+    contract: ContractSpec | None
+    tmp: Path
+    attempts: list[ExportAttempt]
+
+    def at(self, opset: int) -> tuple[int | None, dict[str, int], list[str]]:
+        """(the opset written, or None when every exporter failed; rewrite counts; notes)."""
+        extra: list[str] = []
+        for exporter in _order(self.spec):
+            rewrites = ExportRewrites(self.spec, self.contract)
+            t1 = time.perf_counter()
+            try:
+                # torch prints its whole IR graph when a TorchScript export fails: into the log
+                with captured_output(f"torch.onnx.export ({exporter})") as printed:
+                    with _eval_mode(self.wrapper), torch.no_grad(), rewrites:
+                        note = _EXPORTERS[exporter](self.wrapper, self.args, self.names, opset, self.tmp)
+            except OSError:
+                raise  # the disk, not the model: another exporter would fail the same way
+            except Exception as exc:  # any exporter failure is a reason to try the other one
+                self.attempts.append(ExportAttempt(exporter, False, time.perf_counter() - t1, _first_line(exc), opset))
+                extra += [printed.note()] if printed.lines else []
+                continue
+            self.attempts.append(ExportAttempt(exporter, True, time.perf_counter() - t1, None, opset))
+            return opset, dict(rewrites.counts), extra + ([printed.note()] if printed.lines else []) + ([note] if note else [])
+        return None, {}, extra
+
+    def higher(self) -> tuple[int, dict[str, int], list[str]]:
+        """Export at the next opset the exporters know more at (dynamo starts at 18), when the
+        recipe's contract allows it; else say in the error which opset would do.
+
+        Raises:
+            BadInput: no exporter exports the model at either opset, or only at one the contract forbids.
+        """
+        base = self.spec.opset
+        tried = "; ".join(f"{a.exporter}: {a.error}" for a in self.attempts)
+        higher = max(base + 1, _DYNAMO_MIN_OPSET)
+        limit = self.contract.max_opset if self.contract is not None else None
+        opset, counts, extra = self.at(higher)
+        if opset is None:
+            raise BadInput(f"cannot export the model to ONNX opset {base} ({tried}), nor at opset {higher}")
+        if limit is not None and higher > limit:
+            raise BadInput(f"cannot export the model to ONNX opset {base} ({tried}); opset {higher} can: "
+                           f"--set export.opset={higher} --set contract.max_opset={higher} if the target's compiler "
+                           f"takes opset {higher} (the recipe's contract.max_opset is {limit})")
+        allows = f", which contract.max_opset {limit} allows" if limit is not None else ""
+        return opset, counts, [f"opset {base} cannot export this model ({tried}); exported at opset {higher}{allows} "
+                               f"(--set export.opset={higher} says so up front)", *extra]
+
+
 def _order(spec: ExportSpec) -> list[str]:
     if spec.exporter == Exporter.torchscript:
         return ["torchscript"]
@@ -177,49 +239,35 @@ def export_onnx(
             GatherElements, And, Or) are written with ops it has (:mod:`.lowering`).
     Returns:
         An :class:`ExportReport`; ``report.exporter`` is ``'torchscript'`` or ``'dynamo'``.
+    Returns/notes: when no exporter can write ``spec.opset`` but one can write opset 18 (or
+        ``spec.opset + 1``) and ``contract.max_opset`` allows it, that opset is written and a note
+        says why (``report.opset`` is the opset written).
     Raises:
         BadInput: no exporter could export the model; the message has each exporter's error,
-            which names the operator it could not convert.
+            which names the operator it could not convert, and the opset that would export it
+            when the contract forbids that one.
     """
     if not example_inputs or not all(isinstance(t, torch.Tensor) for t in example_inputs.values()):
         raise BadInput("export_onnx: example_inputs must be a non-empty dict of name -> tensor")
     t0 = time.perf_counter()
     names = list(example_inputs)
-    args = tuple(example_inputs.values())
-    wrapper = _Positional(model)
     attempts: list[ExportAttempt] = []
-    counts: dict[str, int] = {}
-    extra: list[str] = []
     # Exporters write straight into the temporary file (no in-memory copy of the weights); it is
     # renamed onto out_path only when one succeeded and removed otherwise.
     with atomic_path(out_path) as tmp:
-        for exporter in _order(spec):
-            rewrites = ExportRewrites(spec, contract)
-            t1 = time.perf_counter()
-            try:
-                with _eval_mode(wrapper), torch.no_grad(), rewrites:
-                    note = _EXPORTERS[exporter](wrapper, args, names, spec.opset, tmp)
-            except OSError:
-                raise  # the disk, not the model: another exporter would fail the same way
-            except Exception as exc:  # any exporter failure is a reason to try the other one
-                attempts.append(ExportAttempt(exporter, False, time.perf_counter() - t1, _first_line(exc)))
-                continue
-            attempts.append(ExportAttempt(exporter, True, time.perf_counter() - t1))
-            counts = dict(rewrites.counts)
-            extra += [note] if note else []
-            break
-        else:
-            tried = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
-            raise BadInput(f"cannot export the model to ONNX opset {spec.opset} ({tried})")
+        run = _Run(_Positional(model), tuple(example_inputs.values()), names, spec, contract, tmp, attempts)
+        opset, counts, extra = run.at(spec.opset)
+        if opset is None:
+            opset, counts, extra = run.higher()
     # the exporter's file, rewritten through the one writer: the model's inputs, clean (graph.clean)
     extra += finish_export(Path(out_path), example_inputs)
     size = sum(p.stat().st_size for p in artifact_files(out_path))
     used = attempts[-1].exporter
     notes = ["static shapes " + ", ".join(f"{k}={list(v.shape)}" for k, v in example_inputs.items())]
-    notes += [f"{a.exporter} failed ({a.error}); fell back to {used}" for a in attempts if not a.ok]
+    notes += [f"{a.exporter} failed ({a.error}); fell back to {used}" for a in attempts if not a.ok and a.opset == opset]
     notes += extra + _rewrite_notes(spec, counts)
     return ExportReport(
-        path=str(out_path), exporter=used, opset=spec.opset,
+        path=str(out_path), exporter=used, opset=opset,
         input_shapes={k: list(v.shape) for k, v in example_inputs.items()}, rewrites=counts,
         attempts=attempts, notes=notes, seconds=time.perf_counter() - t0, size_bytes=size,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LOWERABLE", "cumsum_as_matmul", "gather_as_matmul", "bool_and", "bool_or"]
+__all__ = ["LOWERABLE", "cumsum_as_matmul", "gather_as_matmul", "bool_and", "bool_or", "fold_as_conv_transpose"]
 
 #: ONNX op -> what replaces it, for the export report.
 LOWERABLE: dict[str, str] = {
@@ -72,3 +72,28 @@ def bool_and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def bool_or(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a | b`` for booleans without an ``Or`` op."""
     return torch.logical_not((a.to(torch.int32) + b.to(torch.int32)) == 0)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def fold_as_conv_transpose(input: torch.Tensor, output_size, kernel_size, dilation=1, padding=0,
+                           stride=1) -> torch.Tensor:
+    """``F.fold`` (ONNX ``Col2Im``: opset 18 only, and no TensorRT 10.3 importer) as a grouped
+    ``conv_transpose2d`` with one-hot kernels: each block's (i, j) entry is added at offset (i, j),
+    the overlapping sums fold computes (VOLO's outlook attention)."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (kernel_size, dilation, padding, stride))
+    (oh, ow) = _pair(output_size)
+    batched = input.dim() == 3
+    x = input if batched else input.unsqueeze(0)
+    lh = (oh + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    lw = (ow + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    channels = x.shape[1] // (kh * kw)
+    eye = torch.eye(kh * kw, dtype=x.dtype, device=x.device).reshape(kh * kw, 1, kh, kw)
+    weight = eye.repeat(channels, 1, 1, 1)  # (C*kh*kw, 1, kh, kw): input channel c*kh*kw + k -> output c
+    extra = (oh - ((lh - 1) * sh - 2 * ph + dh * (kh - 1) + 1), ow - ((lw - 1) * sw - 2 * pw + dw * (kw - 1) + 1))
+    out = torch.nn.functional.conv_transpose2d(x.reshape(x.shape[0], x.shape[1], lh, lw), weight, stride=(sh, sw),
+                                               padding=(ph, pw), output_padding=extra, groups=channels,
+                                               dilation=(dh, dw))
+    return out if batched else out.squeeze(0)

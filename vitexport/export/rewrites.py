@@ -1,7 +1,7 @@
 """Export-time rewrites of a few torch functions, applied while the exporter traces the model.
 
 The rewrites act on *calls* (``F.layer_norm``, ``F.scaled_dot_product_attention``, ``F.gelu``,
-``torch.einsum``, and for a target whose ``contract.allowed_ops`` lacks them ``cumsum``, ``gather``
+``torch.einsum``, ``F.fold``, and for a target whose ``contract.allowed_ops`` lacks them ``cumsum``, ``gather``
 and boolean ``&`` / ``|``, see :mod:`.lowering`) through a ``TorchFunctionMode``, PyTorch's supported hook for overriding torch
 functions in a scope. Compared with swapping modules in a copy of the model this also catches the
 functional calls that modules such as timm's ``LayerNorm2d`` or Hugging Face attention make, never
@@ -23,7 +23,7 @@ from ..recipe import ContractSpec, ExportSpec
 from .attention import explicit_attention
 from .einsum import einsum_as_matmul
 from .layernorm import decomposed_layer_norm
-from .lowering import LOWERABLE, bool_and, bool_or, cumsum_as_matmul, gather_as_matmul
+from .lowering import LOWERABLE, bool_and, bool_or, cumsum_as_matmul, fold_as_conv_transpose, gather_as_matmul
 
 __all__ = ["ExportRewrites", "tanh_gelu"]
 
@@ -59,6 +59,8 @@ class ExportRewrites(TorchFunctionMode):
             self._handlers[torch.einsum] = self._einsum
         # Always: a tanh GELU the model asks for itself would otherwise export with Pow(x, 3).
         self._handlers[F.gelu] = self._gelu
+        # Always: F.fold is Col2Im, which opset 17 lacks and TensorRT 10.3's parser does not import
+        self._handlers[F.fold] = self._fold
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -127,6 +129,10 @@ class ExportRewrites(TorchFunctionMode):
             return NotImplemented
         self.counts["einsum_as_matmul"] += 1
         return out
+
+    def _fold(self, input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+        self.counts["fold_as_conv_transpose"] += 1
+        return fold_as_conv_transpose(input, output_size, kernel_size, dilation, padding, stride)
 
     def _gelu(self, input, approximate="none"):
         if approximate == "tanh" or self.spec.gelu_approximation == "tanh":

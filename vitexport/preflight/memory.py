@@ -1,8 +1,9 @@
 """Memory a run will need, estimated before anything is allocated, against what the machine has.
 
-The estimates are rough on purpose (they only have to catch the orders of magnitude: an input
-shape of 100000 x 100000, a batch of 10⁹, a billion histogram bins); each names the setting that
-changes it, so the one-line error says what to do.
+Inputs, histograms and references are counted exactly; one forward is measured on the model's own
+geometry with fake tensors (:mod:`.geometry`). Each need names the setting that changes it, so the
+one-line error says what to do, and ``VITEXPORT_MEMORY_LIMIT`` overrides what the machine reports
+(either way) when the user knows better.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput, ResourceLimit
+from .geometry import forward_peak_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported only by the estimates that need it
     import torch
@@ -20,8 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover - torch is imported only by the estimates 
 
 __all__ = ["Need", "available_memory", "require", "forward_need", "histogram_need", "format_bytes", "MEMORY_ENV"]
 
-#: environment variable capping the memory vitexport plans with (``8G``, ``512M``, bytes):
-#: for machines shared with other jobs, where "available" overstates what this run may take
+#: environment variable setting the memory vitexport plans with (``8G``, ``512M``, bytes): lower
+#: than the machine's on one shared with other jobs, higher to override a refusal the user knows
+#: to be wrong
 MEMORY_ENV = "VITEXPORT_MEMORY_LIMIT"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -75,9 +78,14 @@ def _meminfo_available() -> int | None:
 
 
 def available_memory() -> int | None:
-    """Bytes this process can still allocate: the least of ``MemAvailable``, the cgroup's headroom
-    and ``VITEXPORT_MEMORY_LIMIT``; None where none of them can be read."""
-    known = [v for v in (_meminfo_available(), _env_limit()) if v is not None]
+    """Bytes this run may plan with: ``VITEXPORT_MEMORY_LIMIT`` when set (the user's word: a cap on
+    a machine shared with other jobs, or more than the machine reports when they know the run fits,
+    e.g. with swap), else the least of ``MemAvailable`` and the cgroup's headroom; None where none
+    of them can be read."""
+    stated = _env_limit()
+    if stated is not None:
+        return stated
+    known = [v for v in (_meminfo_available(),) if v is not None]
     for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         limit, usage = _read_int(limit_file), _read_int(usage_file)
@@ -97,52 +105,45 @@ def require(needs: list[Need], context: str = "") -> None:
         return
     big = max(needs, key=lambda n: n.nbytes)
     prefix = f"{context}: " if context else ""
+    stated = os.environ.get(MEMORY_ENV, "").strip()
+    has = f"{MEMORY_ENV}={stated} allows {format_bytes(avail)}" if stated else f"this machine has {format_bytes(avail)} available"
     raise ResourceLimit(
         f"{prefix}{big.what} needs about {format_bytes(big.nbytes)} of memory"
         + (f" ({format_bytes(total)} in all)" if total > big.nbytes * 1.05 else "")
-        + f", this machine has {format_bytes(avail)} available; {big.setting}"
+        + f", {has}; {big.setting} (or set {MEMORY_ENV}=SIZE if you know it fits)"
     )
 
 
-def _heads(model: "nn.Module") -> int:
-    heads = [getattr(m, a) for m in model.modules() for a in ("num_heads", "num_attention_heads", "heads")
-             if isinstance(getattr(m, a, None), int) and getattr(m, a) > 0]
-    return max(heads, default=0)
-
-
-def _patch_conv(model: "nn.Module") -> "nn.Conv2d | None":
-    """The first convolution: a ViT's patch embedding (stride = kernel), a CNN's stem."""
-    from torch import nn  # torch on first use: preflight loads with calibration, which ONNX-only work imports
-
-    return next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+#: what one forward's peak costs the run, against the live tensors of a torch forward alone: the
+#: TorchScript tracer, ONNX Runtime's arena (it plans all intermediates of a session) and a parity
+#: session beside it
+_FORWARD_FACTOR = 4
 
 
 def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes: "dict[str, torch.dtype]",
-                 setting: str) -> list[Need]:
-    """What one forward over inputs of ``shapes`` needs: the inputs, and the largest activation
-    (a ViT's attention matrix over its tokens, or a CNN stem's output)."""
+                 setting: str, keyword: bool = True) -> list[Need]:
+    """What one forward over inputs of ``shapes`` needs: the inputs, and the tensors the forward
+    keeps alive at once, measured on the model's own geometry with fake tensors
+    (:func:`~.geometry.forward_peak_bytes`), times the tracer's and ONNX Runtime's copies.
+
+    Args:
+        model: the module as built; ``keyword``: its inputs are passed by name (else by position).
+        shapes, dtypes: input name → shape / dtype.
+        setting: what the user changes to need less (for the message).
+    """
     import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     needs = []
     for name, shape in shapes.items():
         itemsize = torch.empty((), dtype=dtypes[name]).element_size()
         needs.append(Need(f"input '{name}' of shape {','.join(map(str, shape))}", math.prod(shape) * itemsize, setting))
-    image = next((s for s in shapes.values() if len(s) == 4), None)
-    heads = _heads(model)
-    if image is not None:
-        conv = _patch_conv(model)
-        if conv is not None:
-            sh, sw = conv.stride if isinstance(conv.stride, tuple) else (conv.stride, conv.stride)
-            tokens = max(image[2] // max(sh, 1), 1) * max(image[3] // max(sw, 1), 1)
-            acts = image[0] * tokens * conv.out_channels * 4 * 8  # stem output, MLP hidden, residuals
-            if heads:
-                acts = max(acts, image[0] * heads * tokens * tokens * 4 * 3)  # scores, softmax, a copy
-            needs.append(Need(f"one forward pass on input shape {','.join(map(str, image))} ({tokens} tokens or "
-                              "positions per image)", acts, setting))
-    else:
-        seq = next((s for s in shapes.values() if len(s) == 2), None)
-        if seq is not None and heads:
-            needs.append(Need(f"attention on input shape {seq[0]},{seq[1]}", seq[0] * heads * seq[1] ** 2 * 4 * 3, setting))
+    if sum(n.nbytes for n in needs) > (available_memory() or 2**62):
+        return needs  # the inputs alone do not fit: no forward to measure
+    peak = forward_peak_bytes(model, shapes, dtypes, keyword)
+    if peak is not None:
+        shown = "; ".join(f"{k} {','.join(map(str, s))}" for k, s in shapes.items())
+        needs.append(Need(f"one forward pass on input shape {shown} ({format_bytes(peak)} of activations alive at "
+                          "once, with the exporter's and ONNX Runtime's copies)", peak * _FORWARD_FACTOR, setting))
     return needs
 
 

@@ -29,7 +29,8 @@ from ..calibration.table import ScaleTable
 from ..errors import BadInput
 from ..graph.query import attr
 from ..recipe import CalibrationMethod, Recipe
-from .convert import INT8_MAX
+from .convert import INT8_MAX, MIN_SCALE
+from .precision import FP16_MIN_SCALE
 from .rounding import gptq_round
 from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
@@ -274,7 +275,32 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     rows = _row_inputs(model, res.plan, stats, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res)
     _bias(target, rows, res, q.bias_correction, q.weight_rounding)
+    _keep_zero_ranges_float(res, target)
     return res
+
+
+def _keep_zero_ranges_float(res: CalibrationResult, target: Target) -> None:
+    """Nodes reading a tensor whose range has no INT8 scale stay float, and the report says why:
+
+    - 0 on every calibration sample (a ReLU that never fires, a zero-initialised branch): a zero
+      range has no scale (TensorRT wants a finite positive one), and any scale would clip whatever
+      the tensor holds on other data to nothing;
+    - a range whose scale would be below the least one written (float16's smallest value, 6e-8,
+      where scales are float16; else :data:`~.convert.MIN_SCALE`): the scale would round to 0, or the
+      floor would quantize the whole tensor to 0.
+    """
+    fp16 = target.high_precision() == "fp16"
+    least = FP16_MIN_SCALE if fp16 else MIN_SCALE
+    tiny = {t: amax for t, r in res.table.tensors.items()
+            if (amax := max(abs(float(r.get(k, 0.0))) for k in ("amax", "lo", "hi"))) < INT8_MAX * least}
+    for n in res.plan.nodes:
+        tensor = next((a.tensor for a in n.acts if a.tensor in tiny), None)
+        if tensor is None:
+            continue
+        why = ("was 0 on every calibration sample (a zero range has no INT8 scale)" if tiny[tensor] == 0.0 else
+               f"peaks at {tiny[tensor]:.3g} on the calibration data: its scale would be below the least one "
+               f"written ({least:.3g}{' in float16' if fp16 else ''})")
+        res.plan = res.plan.without({n.node}, f"kept in float: its input '{tensor}' {why}")
 
 
 def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, key: dict[str, Any],
@@ -306,6 +332,7 @@ def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, ke
     missing = set(res.plan.tensors()) - set(table.tensors)
     if missing:
         raise RuntimeError(f"{path}: no range for {sorted(missing)[:3]}")
+    _keep_zero_ranges_float(res, target)
     return res
 
 

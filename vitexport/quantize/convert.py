@@ -20,10 +20,11 @@ import onnx_ir as ir
 from ..graph.query import const_array, opset_version
 from .spec import ActSpec, NodeSpec, QuantPlan, WeightSpec
 
-__all__ = ["ActParams", "act_params", "quantize_weight", "WeightCache", "QdqStats", "convert", "INT8_MAX"]
+__all__ = ["ActParams", "act_params", "quantize_weight", "WeightCache", "QdqStats", "convert", "INT8_MAX", "MIN_SCALE"]
 
 INT8_MAX = 127
-_MIN_SCALE = 1e-8
+#: the least float32 scale written (a dead weight channel gets it: any positive scale is exact there)
+MIN_SCALE = 1e-8
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class ActParams:
 def act_params(rng: Mapping[str, float], symmetric: bool) -> ActParams:
     """int8 symmetric (``amax / 127``, zero point 0) or uint8 asymmetric parameters from a range."""
     if symmetric:
-        return ActParams(max(float(rng["amax"]) / INT8_MAX, _MIN_SCALE), 0, True)
+        return ActParams(max(float(rng["amax"]) / INT8_MAX, MIN_SCALE), 0, True)
     lo, hi = min(float(rng["lo"]), 0.0), max(float(rng["hi"]), 0.0)
-    scale = max((hi - lo) / 255.0, _MIN_SCALE)
+    scale = max((hi - lo) / 255.0, MIN_SCALE)
     zp = int(np.clip(np.round(-lo / scale), 0, 255))
     return ActParams(scale, zp, False)
 
@@ -48,14 +49,24 @@ def quantize_weight(w: np.ndarray, axis: int | None, qmax: int = INT8_MAX) -> tu
     w = np.asarray(w, dtype=np.float32)
     if axis is None:
         amax = np.asarray(np.abs(w).max() if w.size else 0.0, dtype=np.float32)
-        scale = np.maximum(amax / qmax, _MIN_SCALE).astype(np.float32)
+        scale = np.maximum(amax / qmax, MIN_SCALE).astype(np.float32)
         return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int8), scale.reshape(())
     red = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=red) if w.size else np.zeros(w.shape[axis], np.float32)
-    scale = np.maximum(amax / qmax, _MIN_SCALE).astype(np.float32)
+    scale = np.maximum(amax / qmax, MIN_SCALE).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
     return np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8), scale
+
+
+def _dead_channels(w: np.ndarray, axis: int | None) -> int:
+    """Output channels of ``w`` (along ``axis``; the whole tensor when per tensor) that are all zero."""
+    if w.size == 0:
+        return 0
+    if axis is None:
+        return int(not np.any(w))
+    red = tuple(i for i in range(w.ndim) if i != axis)
+    return int(np.count_nonzero(~np.any(w, axis=red)))
 
 
 @dataclass
@@ -85,6 +96,9 @@ class QdqStats:
     quantized_nodes: int = 0
     qdq_pairs: int = 0
     weights: int = 0
+    #: weight output channels that are all zero (a zero-initialised head, BatchNorm γ = 0 folded into
+    #: a conv): any positive scale quantizes them exactly; they get the least one
+    dead_channels: int = 0
 
 
 class _Writer:
@@ -143,6 +157,7 @@ class _Writer:
             stem = w.initializer if w.initializer not in stems else f"{w.initializer}_axis{axis}"
             arr = const_array(self.values[w.initializer])
             q, scale, zp = self.cache.get(stem, arr, axis, self.enc.weight_qmax)
+            self.stats.dead_channels += _dead_channels(arr, axis)
             qv, sv, zv = (self.const(t.name, t) for t in (q, scale, zp))
             attrs = {"axis": axis} if axis is not None else {}
             dq = ir.node("DequantizeLinear", [qv, sv, zv], attrs, name=f"{stem}_DequantizeLinear")
@@ -161,7 +176,7 @@ class _Writer:
             return
         b = b.reshape(-1)
         scale = (np.float32(self.acts[spec.acts[0].tensor][0].scale) * np.asarray(w_scale, np.float32)).astype(np.float32)
-        scale = np.maximum(np.broadcast_to(scale, b.shape), _MIN_SCALE).astype(np.float32)
+        scale = np.maximum(np.broadcast_to(scale, b.shape), MIN_SCALE).astype(np.float32)
         qb = np.clip(np.round(b / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
         stem = f"{node.name}_bias"
         dq = ir.node("DequantizeLinear", [self.const(f"{stem}_quantized", qb), self.const(f"{stem}_scale", scale),

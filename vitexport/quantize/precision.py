@@ -6,7 +6,8 @@ on the Orin GPU — INT8 that does not pay against a plain FP16 engine. ModelOpt
 writes those parts in FP16; so does this pass, with evidence for the exceptions:
 
 - a tensor whose calibrated magnitude, times a safety margin, passes FP16's 65504 keeps its producer
-  and every reader in FP32 (huge activations, unscaled attention scores);
+  and every reader in FP32 (huge activations, unscaled attention scores), and so does one whose
+  largest value is below FP16's smallest normal number (6.1e-5: every value a subnormal or 0);
 - a LayerNorm whose input reaches ``sqrt(65504 / margin)`` stays FP32: its variance (a mean of
   squares) would overflow if TensorRT computed it in half precision;
 - a constant that FP16 cannot hold (too large, or a non-zero scalar that underflows to 0, such as
@@ -28,14 +29,22 @@ import onnx
 import onnx.version_converter
 import onnx_ir as ir
 
+from ..check.types import allowed_types, type_violations
 from ..graph.passes import GraphPass, GraphPassReport
-from ..graph.query import const_array, opset_version, set_dtype, static_shape
+from ..graph.query import attr, const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
 
-__all__ = ["FP16_MAX", "Float16Islands", "to_opset", "precision_summary"]
+__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary"]
 
 FP16_MAX = 65504.0
 _FP16_TINY = 6.0e-8  # smallest positive float16 (subnormal)
+_FP16_NORMAL = float(2.0**-14)  # smallest normal float16: below it a value keeps fewer than 10 bits
+#: the least Q/DQ scale written in float16: its smallest positive (subnormal) value, 2**-24. Below
+#: it a scale is 0, which TensorRT refuses (an all-zero weight channel calibrates to a scale of 0).
+#: Subnormal scales are kept (TensorRT warns and keeps them): a random-weight EfficientViT has many
+#: channels with scales under float16's smallest normal 2**-14, and raising them there drops its
+#: INT8 cosine from 0.9997 to 0.96
+FP16_MIN_SCALE = float(2.0**-24)
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _F32, _F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 
@@ -59,6 +68,12 @@ def _is_mask_fill(v: ir.Value | None) -> bool:
         np.all((c == np.finfo(np.float32).min) | np.isneginf(c)))
 
 
+def _takes_half(n: ir.Node, j: int, opset: int, output: bool = False) -> bool:
+    """Whether operand ``j`` of ``n`` may be float16 (its schema says so; unknown ops: yes)."""
+    allowed = allowed_types(n, j, opset, output)
+    return allowed is None or "tensor(float16)" in allowed[1]
+
+
 def _to_fp16(arr: np.ndarray) -> np.ndarray:
     """float16 values; a mask fill (float32's minimum) becomes float16's minimum, not -inf."""
     out = arr.astype(np.float16)
@@ -79,6 +94,7 @@ class Float16Islands(GraphPass):
     def __init__(self, absmax: Mapping[str, float], margin: float = 4.0):
         super().__init__()
         self.absmax, self.margin = absmax, margin
+        self.raised = 0  # scales raised to FP16_MIN_SCALE by the last run
 
     def requires(self, model: ir.Model) -> None:
         if opset_version(model) < 19:
@@ -93,7 +109,13 @@ class Float16Islands(GraphPass):
         return self.absmax.get(v.name, 0.0)
 
     def _unsafe(self, v: ir.Value | None) -> bool:
-        return v is not None and self._amax(v) * self.margin > FP16_MAX
+        """Beyond FP16: too large (overflow with the margin), or so small that even its largest value
+        is a float16 subnormal (a random-weight LeViT's outputs are about 1e-8: 0 in FP16). A tensor
+        that is 0 throughout is exact in FP16."""
+        if v is None:
+            return False
+        amax = self._amax(v)
+        return amax * self.margin > FP16_MAX or 0.0 < amax < _FP16_NORMAL
 
     def _const_unsafe(self, v: ir.Value | None) -> bool:
         c = const_array(v) if v is not None and v.dtype == _F32 else None
@@ -119,12 +141,17 @@ class Float16Islands(GraphPass):
                 keep[n.name] = "produces a tensor beyond FP16's safe range"
             elif any(self._unsafe(i) for i in n.inputs if _is_float(i) and i.const_value is None):
                 keep[n.name] = "reads a tensor beyond FP16's safe range"
-            elif any(self._const_unsafe(i) for i in n.inputs):
+            elif any(self._const_unsafe(i) for i in n.inputs) or any(self._const_unsafe(o) for o in n.outputs):
+                # a Constant node too: in FP16 its 1e9 would be inf and its 1e-9 would be 0 before any Cast
                 keep[n.name] = "holds a constant FP16 cannot represent"
         return keep
 
     # --- rewrite ---------------------------------------------------------------------------------
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        self.raised = legal_fp16_scales(model)
+        if self.raised:
+            report.notes.append(f"{self.raised} Q/DQ scale(s) below float16's smallest value raised to "
+                                f"{FP16_MIN_SCALE:.3g} (dead or near-dead channels, tiny ranges)")
         keep = self.fp32_nodes(model)
         report.skipped.update(keep)
         graph = model.graph
@@ -133,9 +160,10 @@ class Float16Islands(GraphPass):
                    and n.outputs[0].uses() and all(u.node.name in half for u in n.outputs[0].uses())}
         casts: dict[tuple[str, ir.DataType], ir.Value] = {}
         consts: dict[tuple[str, ir.DataType], ir.Value] = {}
+        opset = opset_version(model)
         for n in list(graph):
             if n.name in half:
-                self._to_half(n, graph, casts, consts)
+                self._to_half(n, graph, casts, consts, opset)
                 report.changed += 1
             elif n.op_type == "DequantizeLinear":
                 self._typed(n, 1, _F16 if n.name in dq_half else _F32, graph, casts, consts)
@@ -148,19 +176,28 @@ class Float16Islands(GraphPass):
                         n.replace_input_with(j, self._cast(v, _F32, graph, casts))
         self._outputs_keep_types(graph)
         report.notes.append(f"{report.changed} node(s) in FP16, {len(keep)} kept in FP32")
+        broken = type_violations(model)
+        if broken:  # a bug here, named by the rule it broke rather than by ONNX Runtime's INVALID_GRAPH
+            raise RuntimeError(f"{self.name} broke operator types: {'; '.join(map(str, broken[:3]))}")
 
-    def _to_half(self, n: ir.Node, graph: ir.Graph, casts, consts) -> None:
+    def _to_half(self, n: ir.Node, graph: ir.Graph, casts, consts, opset: int) -> None:
+        # operands whose schema takes no float16 keep float32 (Resize's scales, Upsample's scales)
         for j, v in enumerate(n.inputs):
-            if _is_float(v):
-                self._typed(n, j, _F16, graph, casts, consts)
+            if v is None:
+                continue
+            if _takes_half(n, j, opset):
+                if _is_float(v):
+                    self._typed(n, j, _F16, graph, casts, consts)
+            elif v.dtype == _F16:  # made float16 by its producer (a Constant gone half): back to float32
+                self._typed(n, j, _F32, graph, casts, consts)
         if n.op_type == "Cast" and n.attributes["to"].value == int(_F32):
             n.attributes["to"] = ir.AttrInt64("to", int(_F16))
         for key in ("value",):  # Constant / ConstantOfShape holding a float tensor
             a = n.attributes.get(key)
             if a is not None and a.type == ir.AttributeType.TENSOR and a.value.dtype == _F32:
                 n.attributes[key] = ir.AttrTensor(key, ir.tensor(_to_fp16(a.value.numpy()), name=a.value.name))
-        for o in n.outputs:
-            if o.dtype == _F32:
+        for j, o in enumerate(n.outputs):
+            if o.dtype == _F32 and _takes_half(n, j, opset, output=True):
                 set_dtype(o, _F16)
 
     def _typed(self, n: ir.Node, j: int, dtype: ir.DataType, graph: ir.Graph, casts, consts) -> None:
@@ -214,6 +251,57 @@ class Float16Islands(GraphPass):
             set_dtype(c.outputs[0], _F32)
             graph.insert_after(v.producer(), [c])
             graph.outputs[i] = c.outputs[0]
+
+
+def _fp16_scale(scale: np.ndarray) -> np.ndarray:
+    """Each scale as the float16 value it will be stored as, never below :data:`FP16_MIN_SCALE`,
+    rounded up (so a weight's largest integer never grows past its range)."""
+    s = np.maximum(scale.astype(np.float32), np.float32(FP16_MIN_SCALE))
+    big = s > FP16_MAX  # a tensor beyond float16 itself: its Q/DQ stay in an FP32 island, as they are
+    half = np.where(big, 1.0, s).astype(np.float16)
+    low = half.astype(np.float32) < np.where(big, 1.0, s)
+    half[low] = np.nextafter(half[low], np.float16(np.inf))
+    return np.where(big, s, half.astype(np.float32)).astype(np.float32)
+
+
+def _requantized(q: np.ndarray, old: np.ndarray, new: np.ndarray, axis: int | None) -> np.ndarray:
+    """Integer weights ``q`` (dequantized with ``old``) re-rounded for the scale ``new`` (>= old)."""
+    shape = [1] * q.ndim
+    if axis is not None and old.ndim == 1 and old.size > 1:
+        shape[axis % q.ndim] = -1
+    w = q.astype(np.float32) * old.reshape(shape)
+    info = np.iinfo(q.dtype)
+    return np.clip(np.round(w / new.reshape(shape)), info.min, info.max).astype(q.dtype)
+
+
+def legal_fp16_scales(model: ir.Model) -> int:
+    """Give every Q/DQ scale a value float16 holds exactly and that is a normal number; the integer
+    weights a changed scale dequantizes are re-rounded for it. Scales are replaced (new tensors),
+    never edited: conversions of one float model share their weight tensors.
+
+    Returns:
+        How many scale entries changed by more than float16 rounding (raised to the minimum).
+    """
+    raised = 0
+    done: set[str] = set()
+    for n in model.graph:
+        if n.op_type not in _QDQ or len(n.inputs) < 2 or n.inputs[1] is None or n.inputs[1].const_value is None:
+            continue
+        sv = n.inputs[1]
+        if sv.name in done or sv.dtype != _F32:
+            continue
+        done.add(sv.name)
+        old = sv.const_value.numpy()
+        new = _fp16_scale(old)
+        if np.array_equal(new, old):
+            continue
+        raised += int(np.count_nonzero(old < FP16_MIN_SCALE))
+        sv.const_value = ir.tensor(new.reshape(old.shape), name=sv.name)
+        x = n.inputs[0]
+        if n.op_type == "DequantizeLinear" and x is not None and x.const_value is not None:
+            q = x.const_value.numpy()
+            x.const_value = ir.tensor(_requantized(q, old, new, attr(n, "axis", 1)), name=x.name)
+    return raised
 
 
 def precision_summary(model: ir.Model) -> dict[str, float | int]:

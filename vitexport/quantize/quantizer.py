@@ -144,11 +144,16 @@ class _Builder:
     def __init__(self, model: ir.Model, ranges, cache: WeightCache, float_ranges: dict[str, float] | None):
         self.model, self.ranges, self.cache, self.float_ranges = model, ranges, cache, float_ranges
         self.islands: dict[str, str] = {}
+        self.notes: list[str] = []  # what the last build did to dead channels and tiny scales
 
     def __call__(self, plan: QuantPlan) -> ir.Model:
-        qdq, _ = convert(self.model, plan, self.ranges, self.cache)
+        qdq, stats = convert(self.model, plan, self.ranges, self.cache)
+        self.notes = [f"{stats.dead_channels} weight channel(s) are all zero (dead): quantized exactly with the "
+                      "least scale"] if stats.dead_channels else []
         if self.float_ranges is not None:
-            self.islands = Float16Islands(self.float_ranges)(qdq).report.skipped
+            islands = Float16Islands(self.float_ranges)
+            self.islands = islands(qdq).report.skipped
+            self.notes += [f"{islands.raised} scale(s) below float16's smallest value raised to it"] if islands.raised else []
         return qdq
 
 
@@ -294,6 +299,7 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
             gate = gate or GateInfo(recipe.parity_data.num_samples)
             qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report, gate)
     report.attention = attention_summary(model, annotated, plan)
+    report.notes += build.notes
     _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)  # cleans qdq: it is now what the file holds
     report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
                         "fp32_islands": dict(build.islands)}
@@ -306,7 +312,7 @@ def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: Target, recipe: Recip
            work_dir: Path, report: QuantReport) -> None:
     problems = target.validate(qdq)
     if problems:  # a bug in the converter, not a user error
-        raise RuntimeError(f"Q/DQ placement breaks the {target.name} rules: {problems[:5]}")
+        raise RuntimeError(f"Q/DQ placement breaks the {target.name} rules: {'; '.join(map(str, problems[:3]))}")
     stats = QdqStats(len(plan.nodes),
                      sum(1 for n in qdq.graph if n.op_type == "QuantizeLinear"),
                      sum(1 for n in qdq.graph if n.op_type == "DequantizeLinear" and n.inputs[0].is_initializer()))

@@ -91,10 +91,10 @@ class QuantPlan:
     def node(self, name: str) -> NodeSpec | None:
         return next((n for n in self.nodes if n.node == name), None)
 
-    def without(self, names: set[str] | frozenset[str]) -> "QuantPlan":
-        """The same plan with the nodes ``names`` kept in float."""
+    def without(self, names: set[str] | frozenset[str], reason: str = "kept in float (fallback)") -> "QuantPlan":
+        """The same plan with the nodes ``names`` kept in float, for ``reason``."""
         kept = tuple(n for n in self.nodes if n.node not in names)
-        dropped = {n.node: "kept in float (fallback)" for n in self.nodes if n.node in names}
+        dropped = {n.node: reason for n in self.nodes if n.node in names}
         return replace(self, nodes=kept, skipped={**self.skipped, **dropped})
 
     @property

@@ -72,11 +72,17 @@ def _image_spec(name: str, shape: tuple[int, ...] | None, default_chw, batch: in
     return {name: (tuple(shape), torch.float32)}
 
 
-def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bool, vocab: int = 1000) -> dict[str, torch.Tensor]:
+def _require_forward(model: torch.nn.Module, spec: dict[str, tuple], keyword: bool, setting: str) -> None:
+    require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()}, setting,
+                         keyword=keyword))
+
+
+def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bool, keyword: bool,
+                 vocab: int = 1000) -> dict[str, torch.Tensor]:
     """Example tensors for the input spec, once the memory they and a forward need is known to fit.
     Fixed seed: the example only fixes shapes, but a deterministic one keeps exports byte-identical."""
     setting = "use a smaller --input-shape" if shape_given else "use a smaller export.batch_size (or --input-shape)"
-    require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()}, setting))
+    _require_forward(model, spec, keyword, setting)
     g = torch.Generator().manual_seed(0)
     out = {}
     for k, (shape, dtype) in spec.items():
@@ -89,6 +95,16 @@ def _materialise(model: torch.nn.Module, spec: dict[str, tuple], shape_given: bo
     return out
 
 
+def _default_seq(config, longest: int = 128) -> int:
+    """A text encoder's default sequence length: 128, or what its position table holds. RoBERTa-style
+    embeddings number positions from ``pad_token_id + 1`` (a table of 514 holds 512 tokens), so the
+    pad id and one more are taken off."""
+    table = int(getattr(config, "max_position_embeddings", longest) or longest)
+    pad = getattr(config, "pad_token_id", None)
+    offset = pad + 1 if isinstance(pad, int) and 0 <= pad < table // 2 else 0
+    return max(1, min(longest, table - offset))
+
+
 def _build(scheme: str, rest: str, shape, batch_size: int):
     """Build the module and its input spec (name → (shape, dtype)), allocating no input yet."""
     preprocess: Preprocess | None = None
@@ -99,15 +115,14 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
         spec = _image_spec("x", shape, chw, batch_size)
         keyword, name = False, f"{scheme}-{rest}"
     elif scheme == "hf":
-        model, preprocess, kind, config = load_hf(rest)
-        meta["hf_kind"] = kind
+        model, preprocess, kind, config, note = load_hf(rest)
+        meta["hf_kind"], meta["notes"] = kind, [note]
         if kind == "image":
-            chw = preprocess.input_size if preprocess else (3, 224, 224)
-            spec = _image_spec("pixel_values", shape, chw, batch_size)
+            spec = _image_spec("pixel_values", shape, preprocess.input_size, batch_size)
         else:
             if shape is not None and len(shape) != 2:
                 raise BadInput("--input-shape: a text encoder needs N,L (batch, sequence length)")
-            n, seq = shape or (batch_size, min(int(getattr(config, "max_position_embeddings", 128)), 128))
+            n, seq = shape or (batch_size, _default_seq(config))
             vocab = int(getattr(config, "vocab_size", 1000))
             spec = {"input_ids": ((n, seq), torch.int64), "attention_mask": ((n, seq), torch.int64)}
         keyword, name = True, f"hf-{Path(rest).resolve().name}"
@@ -162,11 +177,10 @@ def load_model(
         load_weights(model, weights, trust_pickle=trust_pickle)
     example = meta.pop("example", None)
     if example is not None:
-        require(forward_need(model, {k: s for k, (s, _) in spec.items()}, {k: d for k, (_, d) in spec.items()},
-                             "return smaller example_inputs"))
+        _require_forward(model, spec, keyword, "return smaller example_inputs")
         inputs = example
     else:
-        inputs = _materialise(model, spec, shape is not None, vocab)
+        inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
     adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
     return LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Optional, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors import safe_open
 
 from ..errors import BadInput, one_line
 from .base import Preprocess, seeded
@@ -15,22 +16,25 @@ __all__ = ["load_hf"]
 
 
 _Positive = Annotated[int, Field(gt=0)]
+#: one value, or one per stage: hierarchical models (Segformer, PvtV2, LeViT, CvT) keep a list
+_PerStage = Union[_Positive, list[_Positive]]
 _Stats = Union[Annotated[float, Field(allow_inf_nan=False)], list[Annotated[float, Field(allow_inf_nan=False)]]]
 
 
 class _ModelConfigView(BaseModel):
-    """The config.json values vitexport reads, with the types transformers needs (strict: a
-    string "224" is an error, not a number)."""
+    """The config.json values vitexport reads, with the types transformers takes for them (strict:
+    a string "224" is an error, not a number; a list per stage is what hierarchical models keep)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    image_size: Optional[Union[_Positive, list[_Positive]]] = None
+    image_size: Optional[_PerStage] = None
     num_channels: Optional[_Positive] = None
-    patch_size: Optional[Union[_Positive, list[_Positive]]] = None
-    hidden_size: Optional[_Positive] = None
-    num_attention_heads: Optional[_Positive] = None
-    num_hidden_layers: Optional[_Positive] = None
+    patch_size: Optional[_PerStage] = None
+    hidden_size: Optional[_PerStage] = None
+    num_attention_heads: Optional[_PerStage] = None
+    num_hidden_layers: Optional[_PerStage] = None
     vocab_size: Optional[_Positive] = None
     max_position_embeddings: Optional[_Positive] = None
+    architectures: Optional[list[str]] = None
 
 
 class _PreprocessorView(BaseModel):
@@ -40,6 +44,7 @@ class _PreprocessorView(BaseModel):
     image_mean: Optional[_Stats] = None
     image_std: Optional[_Stats] = None
     size: Optional[Union[_Positive, dict[str, _Positive]]] = None
+    crop_size: Optional[Union[_Positive, dict[str, _Positive]]] = None
     resample: Optional[Literal[0, 1, 2, 3, 4, 5]] = None
 
 
@@ -65,13 +70,15 @@ def _stats(v, channels: int, default: tuple[float, ...], key: str, where: str) -
     return vals
 
 
-def _preprocess(folder: Path, config) -> Preprocess | None:
+_DEFAULT_SIZE = 224  # an image model whose config says no size (CvT) and no preprocessor does either
+
+
+def _preprocess(folder: Path, config) -> Preprocess:
+    """How the folder's images are prepared: the preprocessor's statistics and size, the config's
+    image size (else the preprocessor's crop, else 224)."""
     size = getattr(config, "image_size", None)
-    if size is None:
-        return None
-    size = int(size if isinstance(size, int) else size[0])
-    channels = int(getattr(config, "num_channels", 3))
-    mean, std, resize, interp = (0.5,) * channels, (0.5,) * channels, size, "bilinear"
+    channels = int(getattr(config, "num_channels", 3) or 3)
+    mean, std, interp, resize = (0.5,) * channels, (0.5,) * channels, "bilinear", None
     pp = folder / "preprocessor_config.json"
     if pp.is_file():
         try:
@@ -81,13 +88,18 @@ def _preprocess(folder: Path, config) -> Preprocess | None:
         cfg = _validate(_PreprocessorView, raw, str(pp))
         mean = _stats(cfg.image_mean, channels, mean, "image_mean", str(pp))
         std = _stats(cfg.image_std, channels, std, "image_std", str(pp))
-        s = cfg.size if cfg.size is not None else size
-        if isinstance(s, dict):
-            s = s.get("shortest_edge") or s.get("height") or size
-        resize = int(s)
+        resize = _edge(cfg.size)
+        size = size if size is not None else _edge(cfg.crop_size) or resize
         interp = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(cfg.resample if cfg.resample is not None else 2, "bilinear")
-    return Preprocess(input_size=(channels, size, size), resize=resize, crop=size, interpolation=interp,
+    size = int((size if isinstance(size, int) else size[0]) if size else _DEFAULT_SIZE)
+    return Preprocess(input_size=(channels, size, size), resize=int(resize or size), crop=size, interpolation=interp,
                       mean=mean, std=std)
+
+
+def _edge(s) -> int | None:
+    if isinstance(s, dict):
+        return s.get("shortest_edge") or s.get("height")
+    return s
 
 
 def _read_config(path: Path, folder: str):
@@ -105,21 +117,61 @@ def _read_config(path: Path, folder: str):
         raise BadInput(f"hf:{folder}: cannot read config.json ({type(exc).__name__}: {one_line(str(exc), 160)})") from None
 
 
-def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, object]:
+def _checkpoint_has_task_head(path: Path, prefix: str) -> bool:
+    """Whether the folder's safetensors weights are a task model's: its keys wrap the base model
+    under ``prefix`` (``vit.embeddings...`` beside ``classifier.weight``)."""
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as st:
+                if any(k.startswith(prefix + ".") for k in st.keys()):
+                    return True
+        except Exception:  # noqa: BLE001 - an unreadable file is transformers' to report when it loads it
+            continue
+    return False
+
+
+def _model_class(config, path: Path, folder: str, has_weights: bool) -> tuple[type, str]:
+    """The class to build and a note saying which and why: the class ``architectures`` names; without
+    one, the base model (a backbone checkpoint has no task head to export), unless the weights are a
+    classifier's."""
+    import transformers  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    archs = [a for a in (getattr(config, "architectures", None) or []) if isinstance(a, str)]
+    if archs:
+        cls = getattr(transformers, archs[0], None)
+        if not isinstance(cls, type):
+            raise BadInput(f"hf:{folder}: config.json names architecture '{archs[0]}', which transformers "
+                           f"{transformers.__version__} does not have")
+        return cls, f"hf: built {archs[0]} (config.json 'architectures')"
+    try:
+        base = AutoModel._model_mapping[type(config)]
+    except KeyError:
+        raise BadInput(f"hf:{folder}: transformers has no model for config type {type(config).__name__}") from None
+    head = AutoModelForImageClassification._model_mapping
+    if has_weights and type(config) in head and _checkpoint_has_task_head(path, base.base_model_prefix):
+        cls = head[type(config)]
+        return cls, f"hf: built {cls.__name__} (config.json names no 'architectures'; the weights hold a task head)"
+    return base, (f"hf: built {base.__name__}, the base model: config.json names no 'architectures' (add "
+                  f"\"architectures\": [\"...ForImageClassification\"] to export a classifier)")
+
+
+def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, object, str]:
     """Load a model from a local folder with ``local_files_only=True``.
 
-    Image models load through ``AutoModelForImageClassification`` (fallback ``AutoModel``); text
-    encoders through ``AutoModel``. Weights in the folder are loaded by transformers (safetensors
-    first); without weights the model is built from its config with seeded random weights.
+    The class is the one ``config.json``'s ``architectures`` names, else the base model (see
+    :func:`_model_class`); an image model is one whose main input is ``pixel_values`` (a config
+    without ``image_size``, such as CvT's, is still an image model). Weights in the folder are loaded
+    by transformers (safetensors first); without weights the model is built from its config with
+    seeded random weights.
 
     Returns:
-        (module, preprocess or None, kind 'image'|'text', config).
+        (module, preprocess or None, kind 'image'|'text', config, a note naming the class built).
     Raises:
         BadInput: missing folder / config, config or preprocessor values of the wrong type,
             unknown architecture, a model transformers cannot build from the config.
     """
     import transformers  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
-    from transformers import AutoModel, AutoModelForImageClassification
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars are not our output
@@ -127,20 +179,14 @@ def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, objec
     if not (path / "config.json").is_file():
         raise BadInput(f"hf:{folder}: no config.json in that folder (a local Hugging Face model folder is expected)")
     config = _read_config(path, folder)
-    kind = "image" if hasattr(config, "image_size") else "text"
-    preprocess = _preprocess(path, config) if kind == "image" else None
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
-    classes = [AutoModelForImageClassification, AutoModel] if kind == "image" else [AutoModel]
+    cls, note = _model_class(config, path, folder, has_weights)
     with seeded():
-        for i, cls in enumerate(classes):
-            try:
-                model = cls.from_pretrained(str(path), local_files_only=True) if has_weights else cls.from_config(config)
-                break
-            except ValueError as exc:  # not an image-classification architecture: try the bare model
-                if i + 1 < len(classes):
-                    continue
-                raise BadInput(f"hf:{folder}: cannot load model ({one_line(str(exc), 160)})") from None
-            except Exception as exc:  # built from the user's config and files: their values are the cause
-                raise BadInput(f"hf:{folder}: transformers cannot build the model from this folder "
-                               f"({type(exc).__name__}: {one_line(str(exc), 160)})") from None
-    return model, preprocess, kind, config
+        try:
+            model = cls.from_pretrained(str(path), local_files_only=True) if has_weights else cls(config)
+        except Exception as exc:  # built from the user's config and files: their values are the cause
+            raise BadInput(f"hf:{folder}: transformers cannot build the model from this folder "
+                           f"({type(exc).__name__}: {one_line(str(exc), 160)})") from None
+    kind = "text" if getattr(model, "main_input_name", "pixel_values") == "input_ids" else "image"
+    preprocess = _preprocess(path, config) if kind == "image" else None
+    return model, preprocess, kind, config, note

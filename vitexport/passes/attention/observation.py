@@ -198,6 +198,8 @@ class _Observer(TorchFunctionMode):
 
     def _record(self, name: str, args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> None:
         node = Node(len(self.nodes), name, stack=self.stack, shape=tuple(outs[0].shape))
+        if name == "einsum" and len(args) == 2 and isinstance(args[1], (list, tuple)):
+            args = (args[0], *args[1])  # einsum(eq, [a, b]) (Hugging Face CvT) is einsum(eq, a, b)
         entries = list(enumerate(args)) + list(kwargs.items())
         flags: set[str] = set()
         for key, value in entries:

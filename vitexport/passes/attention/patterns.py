@@ -195,6 +195,11 @@ def _add_operands(n: Node, memo: dict) -> tuple[Any, Any] | None:
     da, db = _distance(a, memo), _distance(b, memo)
     if da == db == _MAX_WALK:
         return None
+    if da < _MAX_WALK and db < _MAX_WALK and (a.shape == n.shape) != (b.shape == n.shape):
+        # Both come from a product, one broadcast onto the other: the logits are the full-size side.
+        # VitDet adds decomposed relative positions, einsum(q, table)[..., None], to the logits
+        # viewed as (B, h, w, h, w): the bias is nearer a product than the logits after two adds.
+        return (ka, kb) if a.shape == n.shape else (kb, ka)
     if da != db:
         return (ka, kb) if da < db else (kb, ka)
     # Both sides come from a product (a bias computed from q): the logits are the full-size side.
