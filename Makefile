@@ -19,13 +19,34 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
+.PHONY: setup setup-rknn export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
 
 setup:  ## create .venv and install vitexport with its dev tools (package registries only)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/vitexport targets
+
+RKNN_VENV    := .venv-rknn
+RKNN_TOOLKIT := rknn-toolkit2==2.5.0
+# the project's one torch pin, read from pyproject.toml (never written twice)
+TORCH_PIN    := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
+
+# rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4 and imports torch: it lives in a venv of
+# its own that only vitexport/toolchains/rknn_worker.py runs in. Its torch<=2.4 pin is stricter than what
+# works, so torch comes from the project's pin and the toolkit itself goes in with --no-deps. The stamp
+# names the torch pin and the toolkit: a change of either rebuilds the venv; otherwise this is a no-op.
+RKNN_STAMP := $(RKNN_VENV)/.installed-$(subst ==,-,$(TORCH_PIN)-$(RKNN_TOOLKIT))
+$(RKNN_STAMP): vitexport/toolchains/rknn-requirements.txt
+	rm -rf $(RKNN_VENV)
+	$(PYTHON) -m venv $(RKNN_VENV)
+	$(RKNN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(RKNN_VENV)/bin/python -m pip install --quiet '$(TORCH_PIN)' -r vitexport/toolchains/rknn-requirements.txt
+	$(RKNN_VENV)/bin/python -m pip install --quiet --no-deps '$(RKNN_TOOLKIT)'
+	$(RKNN_VENV)/bin/python -c "from rknn.api import RKNN" > /dev/null 2>&1
+	touch $@
+
+setup-rknn: $(RKNN_STAMP)  ## the rknn-toolkit2 venv (.venv-rknn, ~6 GB with torch's CUDA build) for the rk3588 target
 
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)
