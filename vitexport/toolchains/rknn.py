@@ -161,6 +161,20 @@ def _write_request(req: RknnRequest, work: Path) -> Path:
     return path
 
 
+#: RKNN's ``E`` lines that are not the error: a line every build prints, the version banner, the traceback
+_NOT_THE_ERROR = ("RKNN: [", "rknn-toolkit2 version", "build: Traceback", "load_onnx: Traceback", "Traceback")
+
+
+def _hazards(onnx: Path) -> list[str]:
+    from ..graph.files import load_model
+    from .rknn_graph import rknn_hazards
+
+    try:
+        return rknn_hazards(load_model(onnx))
+    except Exception:  # the diagnosis is a courtesy: an unreadable file still gets the crash line
+        return []
+
+
 def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx: Path) -> BadInput:
     """One line: what stopped, where (stage, compiler pass), RKNN's own words, the log."""
     stage = reply.get("stage") or "startup"
@@ -168,12 +182,17 @@ def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx: Pat
     cpass = last_pass(log) if stage == "build" else None
     if cpass:
         where += f" (compiler pass {cpass})"
-    errors = [e for e in error_lines(log) if "Unkown op target" not in e]  # printed by every build
-    said = f": RKNN says {one_line(errors[-1], 200)!r}" if errors else ""
+    if rc is None or rc < 0:  # crashed or hung: name the nodes of patterns known to do that
+        hazards = _hazards(onnx)
+        where += f"; {hazards[0]}" + (f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else "") if hazards else ""
+    errors = [e for e in error_lines(log) if not e.startswith(_NOT_THE_ERROR)]
+    said = f": RKNN says {one_line(errors[0], 200)!r}" if errors else ""
     if rc is None:
         what = f"rknn-toolkit2 did not finish within {timeout_s:.0f} s"
     elif rc < 0:
         what = f"rknn-toolkit2 crashed ({signal.Signals(-rc).name})"
+    elif errors:
+        what = "rknn-toolkit2 refused the model"
     else:
         what = f"rknn-toolkit2 failed ({one_line(reply.get('error') or f'exit {rc}', 160)})"
     return BadInput(f"{onnx.name}: {what} {where}{said} (log: {log})")

@@ -20,6 +20,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ROW = re.compile(
     r"RKNN: \[[0-9:.]+\] (\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU|GPU)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 _SHAPE = re.compile(r"\(([0-9,]*)\)")
+_EXC = re.compile(r"^[A-Z]\w*(Error|Exception): ")
 _PASS = re.compile(r">>>>>> start: (rknn::\w+)")
 #: op types whose multiply-accumulates count as GEMM/Conv work (RKNN fuses bias / activation into
 #: ``ConvAdd``, ``ConvExGelu``, … and turns Linear layers into 1x1 convolutions)
@@ -139,10 +140,11 @@ def last_pass(log: str | Path) -> str | None:
 
 
 def error_lines(log: str | Path, level: str = "E") -> list[str]:
-    """RKNN's ``E`` (error) or ``W`` (warning) lines, without their prefix and colours."""
-    out = []
-    for line in log_lines(log):
-        if line.startswith(f"{level} "):
-            out.append(line[2:].strip())
+    """RKNN's ``E`` (error) or ``W`` (warning) lines, without their prefix and colours; for errors,
+    then the exception lines of the tracebacks it printed (``KeyError: 'x_dequantized_conv'``)."""
+    lines = log_lines(log)
+    out = [line[2:].strip() for line in lines if line.startswith(f"{level} ")]
+    if level == "E":
+        out += [line.strip() for line in lines if _EXC.match(line) and "Traceback" not in line]
     return out
 

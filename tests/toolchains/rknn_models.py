@@ -1,0 +1,65 @@
+"""Tiny ONNX graphs for the RKNN tests, written with onnx.helper (seconds to compile with RKNN)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper as nh
+from onnx import TensorProto, helper
+
+__all__ = ["masked_attention", "qdq_linear", "TOKENS", "DIM"]
+
+TOKENS, DIM = 8, 16
+
+
+def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM)) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def masked_attention(seed: int = 0, pad: int = 3, fill: float = -3.4e38) -> onnx.ModelProto:
+    """x[1,1,T,D] → Linear → softmax(x·xᵀ masked) · x: the last ``pad`` keys masked with a broadcast
+    ``bool[1,1,1,T]`` condition, as vitexport's mask_to_where writes it."""
+    rs = np.random.RandomState(seed)
+    keep = np.ones((1, 1, 1, TOKENS), bool)
+    keep[..., TOKENS - pad:] = False
+    inits = [nh.from_array((rs.randn(DIM, DIM) * 0.3).astype(np.float32), "w"),
+             nh.from_array(keep, "keep"), nh.from_array(np.array(fill, np.float32), "fill"),
+             nh.from_array(np.array(DIM ** -0.5, np.float32), "scale")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="linear"),
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 1, 3, 2], name="kt"),
+        helper.make_node("MatMul", ["h", "ht"], ["s0"], name="qk"),
+        helper.make_node("Mul", ["s0", "scale"], ["s"], name="scale_mul"),
+        helper.make_node("Where", ["keep", "s", "fill"], ["sm"], name="mask_where"),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "h"], ["y"], name="pv"),
+    ]
+    return _model(nodes, inits, (1, 1, TOKENS, DIM))
+
+
+def _qdq(nodes, inits, x: str, scale: float, tag: str) -> str:
+    inits += [nh.from_array(np.array(scale, np.float32), f"{tag}_s"), nh.from_array(np.array(0, np.int8), f"{tag}_z")]
+    nodes.append(helper.make_node("QuantizeLinear", [x, f"{tag}_s", f"{tag}_z"], [f"{tag}_q"], name=f"{tag}_Q"))
+    nodes.append(helper.make_node("DequantizeLinear", [f"{tag}_q", f"{tag}_s", f"{tag}_z"], [f"{tag}_dq"], name=f"{tag}_DQ"))
+    return f"{tag}_dq"
+
+
+def qdq_linear(seed: int = 0, cout: int = 32) -> onnx.ModelProto:
+    """x[1,T,D] → Q/DQ → MatMul(DQ(int8 W[D,cout]) per output channel) → + bias → Relu: the layout
+    vitexport's quantizer writes for a Linear."""
+    rs = np.random.RandomState(seed)
+    w = (rs.randn(DIM, cout) * 0.2).astype(np.float32)
+    ws = np.abs(w).max(axis=0) / 127
+    nodes: list = []
+    inits = [nh.from_array(np.round(w / ws).astype(np.int8), "wq"), nh.from_array(ws.astype(np.float32), "ws"),
+             nh.from_array(np.zeros(cout, np.int8), "wz"), nh.from_array((rs.randn(cout) * 0.1).astype(np.float32), "b")]
+    xin = _qdq(nodes, inits, "x", 4.0 / 127, "x")
+    nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1, name="w_DQ"),
+              helper.make_node("MatMul", [xin, "w"], ["mm"], name="linear"),
+              helper.make_node("Add", ["mm", "b"], ["lin"], name="bias"),
+              helper.make_node("Relu", ["lin"], ["y"], name="relu")]
+    return _model(nodes, inits, (1, TOKENS, cout), in_shape=(1, TOKENS, DIM))

@@ -1,0 +1,73 @@
+"""The RKNN layout transforms keep the model's function (checked in ONNX Runtime) and write the
+forms rknn-toolkit2 compiles; no RKNN needed here."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+from rknn_models import DIM, TOKENS, masked_attention, qdq_linear
+from vitexport.toolchains.rknn_graph import (
+    RKNN_FILL, ConvsInFloat, FullShapeMasks, LinearsAsConv, linear_sites, output_ranges, rknn_hazards,
+)
+
+
+def _run(model: ir.Model, x: np.ndarray) -> np.ndarray:
+    proto = ir.serde.serialize_model(model)
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_full_shape_masks_keeps_the_output_and_names_the_crash():
+    model = ir.serde.deserialize_model(masked_attention())
+    x = np.random.RandomState(0).randn(1, 1, TOKENS, DIM).astype(np.float32)
+    before = _run(model, x)
+    hazards = rknn_hazards(model)
+    assert len(hazards) == 1 and "mask_where" in hazards[0] and "segfault" in hazards[0]
+    report = FullShapeMasks()(model).report
+    assert report.changed == 1
+    where = next(n for n in model.graph if n.op_type == "Where")
+    assert tuple(where.inputs[0].const_value.shape) == (1, 1, TOKENS, TOKENS)
+    assert float(where.inputs[2].const_value.numpy()) == RKNN_FILL
+    np.testing.assert_allclose(_run(model, x), before, rtol=0, atol=1e-6)
+    assert rknn_hazards(model) == []
+    assert FullShapeMasks()(model).report.changed == 0  # a second run finds nothing to do
+
+
+def test_linears_as_conv_writes_qdq_convs_with_the_same_function():
+    model = ir.serde.deserialize_model(qdq_linear())
+    xs = [np.random.RandomState(i).randn(1, TOKENS, DIM).astype(np.float32) for i in range(4)]
+    before = [_run(model, x) for x in xs]
+    sites = linear_sites(model)
+    assert [s.matmul.name for s in sites] == ["linear"] and sites[0].bias_add is not None
+    ranges = output_ranges(model, [{"x": x} for x in xs], [sites[0].output.name])
+    report = LinearsAsConv(ranges)(model).report
+    assert report.changed == 1
+    ops = [n.op_type for n in model.graph]
+    assert "MatMul" not in ops and "Add" not in ops and ops.count("Conv") == 1
+    conv = next(n for n in model.graph if n.op_type == "Conv")
+    assert conv.inputs[0].producer().op_type == "DequantizeLinear"  # no layout op between DQ and the Conv
+    assert [u[0].op_type for u in conv.outputs[0].uses()] == ["QuantizeLinear"]
+    w_dq = conv.inputs[1].producer()
+    assert w_dq.attributes["axis"].as_int() == 0 and tuple(w_dq.inputs[0].const_value.shape) == (32, DIM, 1, 1)
+    lo, hi = ranges["lin"]
+    step = max(-lo, hi) / 127  # the file's activations are symmetric int8: so is the new output Q/DQ
+    for x, ref in zip(xs, before):
+        assert np.abs(_run(model, x) - ref).max() <= step * 0.51 + 1e-6  # only the output's own rounding differs
+
+
+def test_linears_without_a_range_are_left_alone():
+    model = ir.serde.deserialize_model(qdq_linear())
+    report = LinearsAsConv({})(model).report
+    assert report.changed == 0 and report.skipped == {"linear": "no output range"}
+
+
+def test_convs_in_float_drops_their_qdq():
+    model = ir.serde.deserialize_model(qdq_linear())
+    x = np.random.RandomState(0).randn(1, TOKENS, DIM).astype(np.float32)
+    site = linear_sites(model)[0]
+    LinearsAsConv(output_ranges(model, [{"x": x}], [site.output.name]))(model)
+    before = _run(model, x)
+    assert ConvsInFloat()(model).report.changed == 1
+    conv = next(n for n in model.graph if n.op_type == "Conv")
+    assert conv.inputs[0].producer().op_type != "DequantizeLinear" and conv.inputs[1].const_value is not None
+    assert np.abs(_run(model, x) - before).max() < 0.05

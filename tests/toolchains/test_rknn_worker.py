@@ -1,0 +1,76 @@
+"""rknn-toolkit2 for real, through its worker: compile, simulate on RKNN's x86 simulator, read the op
+table; a segfaulting compile becomes one BadInput line; a missing venv names `make setup-rknn`.
+Skipped (with the reason) only where the venv cannot be made. About 25 s on 2 cores."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from rknn_models import DIM, TOKENS, masked_attention, qdq_linear
+from vitexport.errors import BadInput
+from vitexport.graph.files import save_model
+from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
+from vitexport.toolchains.rknn_graph import FullShapeMasks, LinearsAsConv, linear_sites, output_ranges
+
+_MISSING = rknn_missing()
+needs_rknn = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@needs_rknn
+def test_masked_attention_compiles_and_simulates_after_full_shape_masks(tmp_path):
+    model = ir.serde.deserialize_model(masked_attention())
+    FullShapeMasks()(model)
+    path = tmp_path / "attn.onnx"
+    save_model(model, path)
+    feeds = [{"x": np.random.RandomState(i).randn(1, 1, TOKENS, DIM).astype(np.float32)} for i in range(3)]
+    res = run_rknn(RknnRequest(onnx=path, rknn=tmp_path / "attn.rknn", inputs=feeds), tmp_path / "work")
+    assert (tmp_path / "attn.rknn").stat().st_size > 0
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = np.concatenate([sess.run(None, f)[0] for f in feeds])
+    assert _cos(res.outputs[0].reshape(ref.shape), ref) > 0.999  # FP16 on the simulator
+    assert res.summary.on_cpu == [] and res.summary.ops == res.summary.on_npu
+    assert res.summary.gemm_macs == TOKENS * DIM * DIM + 2 * TOKENS * TOKENS * DIM  # Linear, Q·Kᵀ, attn·V
+    assert res.summary.int8_share == 0.0 and set(res.summary.by_dtype) == {"FLOAT16"}
+    assert res.compile_s > 0 and res.seconds_per_sample > 0
+    assert "RKNN" in res.log.read_text()  # the toolchain's output went to the log, not the terminal
+
+
+@needs_rknn
+def test_a_segfaulting_compile_is_one_bad_input_line(tmp_path):
+    path = tmp_path / "broadcast_mask.onnx"
+    onnx.save(masked_attention(), path)
+    with pytest.raises(BadInput) as err:
+        run_rknn(RknnRequest(onnx=path, inputs=[]), tmp_path / "work", timeout_s=300)
+    msg = str(err.value)
+    assert "crashed (SIGSEGV) in stage build" in msg and "RKNNSubgraphManager" in msg
+    assert "node mask_where: Where condition [1, 1, 1, 8]" in msg  # the node and the rule
+    assert "\n" not in msg
+
+
+@needs_rknn
+def test_linears_as_conv_run_int8_on_the_npu(tmp_path):
+    model = ir.serde.deserialize_model(qdq_linear())
+    feeds = [{"x": np.random.RandomState(i).randn(1, TOKENS, DIM).astype(np.float32)} for i in range(4)]
+    site = linear_sites(model)[0]
+    LinearsAsConv(output_ranges(model, feeds, [site.output.name]))(model)
+    path = tmp_path / "lin.onnx"
+    save_model(model, path)
+    res = run_rknn(RknnRequest(onnx=path, inputs=feeds), tmp_path / "work")
+    assert res.summary.int8_share == 1.0, res.summary.to_dict()  # from RKNN's own op table
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = np.concatenate([sess.run(None, f)[0] for f in feeds])
+    assert _cos(res.outputs[0].reshape(ref.shape), ref) > 0.999
+
+
+def test_a_missing_toolchain_names_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv(RKNN_VENV_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(BadInput, match=r"make setup-rknn"):
+        run_rknn(RknnRequest(onnx=tmp_path / "m.onnx"), tmp_path / "work")
