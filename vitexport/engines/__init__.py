@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import BaseRunner, InputSpec
 from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from .openvino_runner import OpenVinoRunner, RuntimePrecisions, runtime_precisions, save_ir
 from .reference_runner import OnnxReferenceRunner
 from .trt_runner import TensorRTRunner, require_tensorrt, tensorrt_available, tensorrt_missing
 
@@ -23,6 +24,10 @@ __all__ = [
     "OnnxRuntimeRunner",
     "QDQ_AS_FLOAT",
     "OnnxReferenceRunner",
+    "OpenVinoRunner",
+    "RuntimePrecisions",
+    "runtime_precisions",
+    "save_ir",
     "TensorRTRunner",
     "tensorrt_available",
     "tensorrt_missing",
