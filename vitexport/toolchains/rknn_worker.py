@@ -37,13 +37,6 @@ def base_name(rknn_name: str) -> str:
     return _LAYOUT_SUFFIX.sub("", rknn_name)
 
 
-def _asym_int8(lo: float, hi: float) -> tuple[float, int]:
-    """RKNN's w8a8 activation encoding (asymmetric int8) of a range that includes 0."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = max(hi - lo, 1e-12) / 255.0
-    return scale, int(round(-128 - lo / scale))
-
-
 def inject_ranges(cfg_path: str, ranges: dict, layers: dict) -> dict:
     """Write ``ranges`` (ONNX tensor name → [lo, hi]) into RKNN's quantization config.
 
@@ -64,8 +57,8 @@ def inject_ranges(cfg_path: str, ranges: dict, layers: dict) -> dict:
         if src not in ranges or entry.get("dtype") != "int8" or entry.get("qmethod") != "layer":
             continue
         lo, hi = (float(v) for v in ranges[src])
-        scale, zp = _asym_int8(lo, hi)
-        entry["min"], entry["max"], entry["scale"], entry["zero_point"] = [lo], [hi], [scale], [zp]
+        # step 2 derives scale and zero point from min/max itself and refuses an edited scale
+        entry["min"], entry["max"] = [min(lo, 0.0)], [max(hi, 0.0)]
         matched.append(name)
         used.add(src)
     if layers:
@@ -90,14 +83,15 @@ def _check(ret, what: str):
     return ret
 
 
-def _build(rknn, req: dict, work: str, reply: dict) -> None:
-    """``build`` (float or RKNN's own quantizer) or the two hybrid-quantization steps."""
+def _build(rknn, req: dict, work: str, reply: dict):
+    """``build`` (float or RKNN's own quantizer) or the two hybrid-quantization steps. Returns the RKNN
+    object that holds the built model (step 2 needs a fresh one: it refuses an object that loaded a model)."""
     q = req.get("quantization") or {"mode": "none"}
     mode = q.get("mode", "none")
     dataset = _dataset_file(q["dataset"], os.path.join(work, "dataset.txt")) if q.get("dataset") else None
     if mode in ("none", "rknn"):
         _check(rknn.build(do_quantization=mode == "rknn", dataset=dataset), "build")
-        return
+        return rknn
     if mode != "hybrid":
         raise ValueError(f"unknown quantization mode {mode!r}")
     cwd = os.getcwd()
@@ -109,11 +103,22 @@ def _build(rknn, req: dict, work: str, reply: dict) -> None:
         reply["hybrid"] = inject_ranges(cfg, q.get("ranges") or {}, q.get("layers") or {})
         reply["hybrid"]["config"] = cfg
         _save(req, reply)
+        rknn.release()
+        rknn = _new_rknn(req)
         _check(rknn.hybrid_quantization_step2(model_input=os.path.join(work, f"{stem}.model"),
                                               data_input=os.path.join(work, f"{stem}.data"),
                                               model_quantization_cfg=cfg), "hybrid_quantization_step2")
     finally:
         os.chdir(cwd)
+    return rknn
+
+
+def _new_rknn(req: dict):
+    from rknn.api import RKNN
+
+    rknn = RKNN(verbose=True)  # verbose: the log then holds the per-op table the client reads
+    rknn.config(target_platform=req.get("platform", "rk3588"), **(req.get("config") or {}))
+    return rknn
 
 
 def _infer(rknn, req: dict, reply: dict) -> None:
@@ -156,21 +161,23 @@ def _save(req: dict, reply: dict) -> None:
 
 def run_request(req: dict) -> dict:
     """Run one request: config, load_onnx, build, export_rknn, init_runtime, inference, analysis."""
-    from rknn.api import RKNN
-
     reply: dict = {"ok": False, "stages": {}, "stage": None, "error": None}
     work = req["work_dir"]
     os.makedirs(work, exist_ok=True)
     os.makedirs(req["outputs_dir"], exist_ok=True)
-    rknn = RKNN(verbose=True)  # verbose: the log then holds the per-op table the client reads
+    st: dict = {}  # the RKNN object of the moment (hybrid step 2 replaces it)
+
+    def build() -> None:
+        st["rknn"] = _build(st["rknn"], req, work, reply)
+
     steps = [
-        ("config", lambda: rknn.config(target_platform=req.get("platform", "rk3588"), **(req.get("config") or {}))),
-        ("load_onnx", lambda: _check(rknn.load_onnx(model=req["onnx"]), "load_onnx")),
-        ("build", lambda: _build(rknn, req, work, reply)),
-        ("export_rknn", lambda: _check(rknn.export_rknn(req["rknn"]), "export_rknn") if req.get("rknn") else None),
-        ("init_runtime", lambda: _check(rknn.init_runtime(), "init_runtime") if req.get("inputs") else None),
-        ("inference", lambda: _infer(rknn, req, reply) if req.get("inputs") else None),
-        ("accuracy_analysis", lambda: _analysis(rknn, req, reply)),
+        ("config", lambda: st.update(rknn=_new_rknn(req))),
+        ("load_onnx", lambda: _check(st["rknn"].load_onnx(model=req["onnx"]), "load_onnx")),
+        ("build", build),
+        ("export_rknn", lambda: _check(st["rknn"].export_rknn(req["rknn"]), "export_rknn") if req.get("rknn") else None),
+        ("init_runtime", lambda: _check(st["rknn"].init_runtime(), "init_runtime") if req.get("inputs") else None),
+        ("inference", lambda: _infer(st["rknn"], req, reply) if req.get("inputs") else None),
+        ("accuracy_analysis", lambda: _analysis(st["rknn"], req, reply)),
     ]
     try:
         for name, step in steps:
@@ -185,7 +192,8 @@ def run_request(req: dict) -> dict:
         reply["error"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     finally:
-        rknn.release()
+        if "rknn" in st:
+            st["rknn"].release()
     _save(req, reply)
     return reply
 
