@@ -35,8 +35,8 @@ RKNN_FILL = -10000.0
 _FILL_LIMIT = -3e38
 
 
-def _set_const(model: ir.Model, node: ir.Node, idx: int, arr: np.ndarray, name: str) -> None:
-    """Feed ``node`` input ``idx`` a new initializer holding ``arr`` (other readers keep the old one)."""
+def _init(model: ir.Model, name: str, arr: np.ndarray) -> ir.Value:
+    """A new initializer holding ``arr`` (the name made unique)."""
     base, k = name, 0
     while name in model.graph.initializers:
         k += 1
@@ -44,7 +44,12 @@ def _set_const(model: ir.Model, node: ir.Node, idx: int, arr: np.ndarray, name: 
     v = ir.Value(name=name, const_value=ir.tensor(arr, name=name), shape=ir.Shape(arr.shape),
                  type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
     model.graph.register_initializer(v)
-    node.replace_input_with(idx, v)
+    return v
+
+
+def _set_const(model: ir.Model, node: ir.Node, idx: int, arr: np.ndarray, name: str) -> None:
+    """Feed ``node`` input ``idx`` a new initializer holding ``arr`` (other readers keep the old one)."""
+    node.replace_input_with(idx, _init(model, name, arr))
 
 
 class FullShapeMasks(GraphPass):
@@ -182,17 +187,6 @@ def unquantized_outputs(model: ir.Model) -> list[ir.Value]:
             continue
         out.append(value)
     return out
-
-
-def _init(model: ir.Model, name: str, arr: np.ndarray) -> ir.Value:
-    base, k = name, 0
-    while name in model.graph.initializers:
-        k += 1
-        name = f"{base}_{k}"
-    v = ir.Value(name=name, const_value=ir.tensor(arr, name=name), shape=ir.Shape(arr.shape),
-                 type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
-    model.graph.register_initializer(v)
-    return v
 
 
 def _qparams(lo: float, hi: float, zp_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

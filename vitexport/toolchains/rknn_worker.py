@@ -42,6 +42,9 @@ def inject_ranges(cfg_path: str, ranges: dict, layers: dict) -> dict:
 
     Entries whose RKNN name is an ONNX name, or an ONNX name plus layout suffixes, take that tensor's
     range; ``layers`` (RKNN name → int8 / int16 / float16) go to ``custom_quantize_layers``.
+    rknn-toolkit2 2.5.0's step 2 recomputes the derived int32 scales (biases, position embeddings)
+    from the ranges and refuses a config whose stored ones then differ ("scale is not allowed to be
+    modified"): edited ranges are refused as a whole; ``layers`` is the part step 2 takes.
     Returns:
         {"matched": [rknn names], "unmatched": [ONNX names no entry took]}.
     """
