@@ -6,7 +6,7 @@ import onnx
 import onnx.numpy_helper as nh
 from onnx import TensorProto, helper
 
-__all__ = ["masked_attention", "qdq_linear", "TOKENS", "DIM"]
+__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "TOKENS", "DIM"]
 
 TOKENS, DIM = 8, 16
 
@@ -63,3 +63,21 @@ def qdq_linear(seed: int = 0, cout: int = 32) -> onnx.ModelProto:
               helper.make_node("Add", ["mm", "b"], ["lin"], name="bias"),
               helper.make_node("Relu", ["lin"], ["y"], name="relu")]
     return _model(nodes, inits, (1, TOKENS, cout), in_shape=(1, TOKENS, DIM))
+
+
+def qdq_patch_conv(seed: int = 0, chans: int = 3, size: int = 16, patch: int = 4, dim: int = 24) -> onnx.ModelProto:
+    """x[1,C,H,W] → Q/DQ → Conv p x p stride p (int8 weights per output channel, bias) → Relu: a
+    patch embedding as vitexport's quantizer writes it."""
+    rs = np.random.RandomState(seed)
+    w = (rs.randn(dim, chans, patch, patch) * 0.2).astype(np.float32)
+    ws = np.abs(w).reshape(dim, -1).max(axis=1) / 127
+    nodes: list = []
+    inits = [nh.from_array(np.round(w / ws[:, None, None, None]).astype(np.int8), "wq"),
+             nh.from_array(ws.astype(np.float32), "ws"), nh.from_array(np.zeros(dim, np.int8), "wz"),
+             nh.from_array((rs.randn(dim) * 0.1).astype(np.float32), "b")]
+    xin = _qdq(nodes, inits, "x", 4.0 / 127, "x")
+    nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0, name="w_DQ"),
+              helper.make_node("Conv", [xin, "w", "b"], ["c"], kernel_shape=[patch, patch], strides=[patch, patch],
+                               name="patch"),
+              helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, inits, (1, dim, size // patch, size // patch), in_shape=(1, chans, size, size))

@@ -6,9 +6,10 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
-from rknn_models import DIM, TOKENS, masked_attention, qdq_linear
+from rknn_models import DIM, TOKENS, masked_attention, qdq_linear, qdq_patch_conv
 from vitexport.toolchains.rknn_graph import (
-    RKNN_FILL, ConvsInFloat, FullShapeMasks, LinearsAsConv, linear_sites, output_ranges, rknn_hazards,
+    RKNN_FILL, ConvsInFloat, FullShapeMasks, LinearsAsConv, PatchConvsAs1x1, linear_sites, output_ranges, patch_convs,
+    rknn_hazards,
 )
 
 
@@ -61,13 +62,34 @@ def test_linears_without_a_range_are_left_alone():
     assert report.changed == 0 and report.skipped == {"linear": "no output range"}
 
 
+def _images(n: int) -> list[np.ndarray]:
+    return [np.random.RandomState(i).randn(1, 3, 16, 16).astype(np.float32) for i in range(n)]
+
+
 def test_convs_in_float_drops_their_qdq():
-    model = ir.serde.deserialize_model(qdq_linear())
-    x = np.random.RandomState(0).randn(1, TOKENS, DIM).astype(np.float32)
-    site = linear_sites(model)[0]
-    LinearsAsConv(output_ranges(model, [{"x": x}], [site.output.name]))(model)
+    model = ir.serde.deserialize_model(qdq_patch_conv())
+    x = _images(1)[0]
     before = _run(model, x)
     assert ConvsInFloat()(model).report.changed == 1
     conv = next(n for n in model.graph if n.op_type == "Conv")
-    assert conv.inputs[0].producer().op_type != "DequantizeLinear" and conv.inputs[1].const_value is not None
-    assert np.abs(_run(model, x) - before).max() < 0.05
+    assert conv.inputs[0].producer() is None and conv.inputs[1].const_value is not None  # reads x, float weights
+    assert np.abs(_run(model, x) - before).max() < 0.05  # only the input's rounding is gone
+
+
+def test_patch_conv_as_space_to_depth_and_1x1_keeps_the_function():
+    model = ir.serde.deserialize_model(qdq_patch_conv())
+    xs = _images(4)
+    before = [_run(model, x) for x in xs]
+    convs = patch_convs(model)
+    assert [c.name for c in convs] == ["patch"]
+    ranges = output_ranges(model, [{"x": x} for x in xs], ["c"])
+    assert PatchConvsAs1x1(ranges)(model).report.changed == 1
+    conv = next(n for n in model.graph if n.op_type == "Conv")
+    assert list(conv.attributes["kernel_shape"].as_ints()) == [1, 1]
+    assert conv.inputs[0].producer().op_type == "DequantizeLinear"
+    assert conv.inputs[0].producer().inputs[0].producer().inputs[0].producer().op_type == "Reshape"
+    assert [u[0].op_type for u in conv.outputs[0].uses()] == ["QuantizeLinear"]
+    assert ConvsInFloat()(model).report.changed == 0  # in the INT8 layout: left alone
+    lo, hi = ranges["c"]
+    for x, ref in zip(xs, before):
+        assert np.abs(_run(model, x) - ref).max() <= max(-lo, hi) / 127 * 0.51 + 1e-5

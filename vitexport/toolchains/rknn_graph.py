@@ -26,7 +26,7 @@ import onnx_ir.passes.common as ir_common
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, static_shape
 
-__all__ = ["FullShapeMasks", "LinearsAsConv", "OutputQdq", "ConvsInFloat", "rknn_hazards", "linear_sites", "unquantized_outputs",
+__all__ = ["FullShapeMasks", "LinearsAsConv", "PatchConvsAs1x1", "patch_convs", "OutputQdq", "ConvsInFloat", "rknn_hazards", "linear_sites", "unquantized_outputs",
            "output_ranges", "activation_zp_dtype", "RKNN_FILL", "LinearSite"]
 
 #: what RKNN writes for a fill below −3e38 ("corrected to -10000"); exp(−10000 − max) is 0 in FP32 and
@@ -315,8 +315,8 @@ class OutputQdq(GraphPass):
 
 
 class ConvsInFloat(GraphPass):
-    """Q/DQ taken off every Conv (its activation reads the float tensor, its weight the dequantized
-    values): RKNN 2.5.0 rejects a Q/DQ'd patch-embedding Conv (``KeyError: 'x_dequantized_conv'`` in its
+    """Q/DQ taken off every Conv whose output is not Q/DQ'd (its activation reads the float tensor, its
+    weight the dequantized values): RKNN 2.5.0 rejects a Q/DQ'd patch-embedding Conv (``KeyError: 'x_dequantized_conv'`` in its
     bias handling for ViT-Tiny's 16x16 stride-16 conv; ``KeyError: '<conv output>_dequantized'`` once its
     output is Q/DQ'd too), so the patch embedding runs in float16 (~2 % of ViT-Tiny's MACs)."""
 
@@ -327,8 +327,9 @@ class ConvsInFloat(GraphPass):
             if node.op_type != "Conv":
                 continue
             x_dq, w_dq = _producer(node.inputs[0], "DequantizeLinear"), _producer(node.inputs[1], "DequantizeLinear")
-            if x_dq is None and w_dq is None:
-                continue
+            uses = list(node.outputs[0].uses())
+            if (x_dq is None and w_dq is None) or (uses and all(u[0].op_type == "QuantizeLinear" for u in uses)):
+                continue  # already float, or already in the INT8 layout (its output Q/DQ'd)
             q = _producer(x_dq.inputs[0], "QuantizeLinear") if x_dq is not None else None
             if x_dq is not None and q is not None:
                 node.replace_input_with(0, q.inputs[0])
@@ -342,6 +343,86 @@ class ConvsInFloat(GraphPass):
                 node.replace_input_with(1, _init(model, f"{node.name}_w_float", w.astype(np.float32)))
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
+
+
+def patch_convs(model: ir.Model) -> list[ir.Node]:
+    """Q/DQ'd Convs whose kernel equals their stride (a patch embedding), unpadded, ungrouped."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "Conv" or _producer(node.inputs[0], "DequantizeLinear") is None:
+            continue
+        w_dq = _producer(node.inputs[1], "DequantizeLinear")
+        w = const_array(w_dq.inputs[0]) if w_dq is not None else None
+        a = {k: v.as_ints() for k, v in node.attributes.items() if k in ("strides", "pads", "dilations")}
+        group = node.attributes["group"].as_int() if node.attributes.get("group") is not None else 1
+        if w is None or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[2] < 2 or group != 1:
+            continue
+        if list(a.get("strides", [1, 1])) != [w.shape[2]] * 2 or any(a.get("pads", [0])) or any(d != 1 for d in a.get("dilations", [1])):
+            continue
+        out.append(node)
+    return out
+
+
+class PatchConvsAs1x1(GraphPass):
+    """A p x p stride-p patch-embedding Conv as ``patches to channels → Q/DQ → Conv 1x1 → Q/DQ``: the same
+    function, in the one Conv form RKNN 2.5.0 runs from a Q/DQ file (the p x p form is rejected in its
+    bias handling: ``KeyError: 'x_dequantized_conv'``; in float it fails on ``KeyError: 'x_conv'``).
+
+    Args:
+        ranges: Conv output tensor → (lo, hi), from :func:`output_ranges`.
+    """
+
+    name = "rknn_patch_convs_as_1x1"
+
+    def __init__(self, ranges: Mapping[str, tuple[float, float]]):
+        super().__init__()
+        self.ranges = ranges
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for conv in patch_convs(model):
+            q = _producer(conv.inputs[0].producer().inputs[0], "QuantizeLinear")
+            if q is None or conv.outputs[0].name not in self.ranges:
+                report.skipped[conv.name] = "no QuantizeLinear before it" if q is None else "no output range"
+                continue
+            self._rewrite(model, conv, q)
+            report.changed += 1
+        ir_common.RemoveUnusedNodesPass()(model)
+
+    @staticmethod
+    def _patches(model: ir.Model, x: ir.Value, p: int, name: str) -> list[ir.Node]:
+        """[1, C, H, W] → [1, C·p·p, H/p, W/p], channels ordered (c, row, column) like a Conv weight."""
+        n, c, h, w = static_shape(x)
+        r1 = ir.node("Reshape", [x, _init(model, f"{name}_s2d_shape6", np.array([n, c, h // p, p, w // p, p], np.int64))],
+                     name=f"{name}_s2d_Reshape6")
+        tr = ir.node("Transpose", [r1.outputs[0]], attributes={"perm": [0, 1, 3, 5, 2, 4]}, name=f"{name}_s2d_Transpose")
+        r2 = ir.node("Reshape", [tr.outputs[0], _init(model, f"{name}_s2d_shape4", np.array([n, c * p * p, h // p, w // p], np.int64))],
+                     name=f"{name}_s2d_Reshape4")
+        return [r1, tr, r2]
+
+    def _rewrite(self, model: ir.Model, conv: ir.Node, q: ir.Node) -> None:
+        w_dq = conv.inputs[1].producer()
+        wq, ws, wz = (const_array(v) for v in w_dq.inputs[:3])
+        cout, p = wq.shape[0], wq.shape[2]
+        # patches to channels in the weight's own (channel, row, column) order: RKNN runs this
+        # Reshape/Transpose on the NPU, where it puts a SpaceToDepth op on the CPU
+        w1 = np.ascontiguousarray(wq.reshape(cout, -1, 1, 1))
+        ws = np.broadcast_to(np.asarray(ws, np.float32).reshape(-1), (cout,)).copy()
+        wz = np.broadcast_to(np.asarray(wz).reshape(-1), (cout,)).astype(wq.dtype)
+        name = conv.name or conv.outputs[0].name
+        nodes = self._patches(model, q.inputs[0], p, name)
+        nodes += _qdq(model, nodes[-1].outputs[0], q.inputs[1], q.inputs[2], f"{name}_s2d")
+        w = ir.node("DequantizeLinear", [_init(model, f"{name}_1x1_wq", w1), _init(model, f"{name}_1x1_ws", ws),
+                                         _init(model, f"{name}_1x1_wz", wz)], attributes={"axis": 0}, name=f"{name}_1x1_w_DQ")
+        new = ir.node("Conv", [nodes[-1].outputs[0], w.outputs[0], *conv.inputs[2:]], attributes={"kernel_shape": [1, 1]},
+                      name=f"{name}_1x1")
+        lo, hi = self.ranges[conv.outputs[0].name]
+        zp = const_array(q.inputs[2])
+        s, z = _qparams(float(lo), float(hi), zp.dtype if zp is not None else np.dtype(np.uint8))
+        nodes += [w, new, *_qdq(model, new.outputs[0], _init(model, f"{name}_out_scale", s), _init(model, f"{name}_out_zp", z),
+                                 f"{name}_1x1_out")]
+        nodes[-1].outputs[0].shape, nodes[-1].outputs[0].dtype = conv.outputs[0].shape, ir.DataType.FLOAT
+        model.graph.insert_after(conv, nodes)
+        ir.convenience.replace_all_uses_with(conv.outputs[0], nodes[-1].outputs[0])
 
 
 def activation_zp_dtype(model: ir.Model) -> np.dtype:

@@ -17,7 +17,9 @@ import numpy as np
 
 from ..graph.files import load_model, save_model
 from .rknn import RknnQuantization
-from .rknn_graph import ConvsInFloat, FullShapeMasks, LinearsAsConv, linear_sites, output_ranges
+from .rknn_graph import (
+    ConvsInFloat, FullShapeMasks, LinearsAsConv, PatchConvsAs1x1, linear_sites, output_ranges, patch_convs,
+)
 
 __all__ = ["ROUTES", "float_for_rknn", "qdq_for_rknn", "vitexport_ranges", "route_quantization"]
 
@@ -37,13 +39,14 @@ def qdq_for_rknn(int8: str | Path, dst: str | Path, feeds: Sequence[Mapping[str,
     (calibration samples) with the Q/DQ model itself. Returns what each pass changed."""
     model = load_model(int8)
     masks = FullShapeMasks()(model).report
-    convs = ConvsInFloat()(model).report
-    sites = linear_sites(model)
-    ranges = output_ranges(model, feeds, [s.output.name for s in sites])
+    sites, patches = linear_sites(model), patch_convs(model)
+    ranges = output_ranges(model, feeds, [s.output.name for s in sites] + [c.outputs[0].name for c in patches])
+    patch = PatchConvsAs1x1(ranges)(model).report
+    convs = ConvsInFloat()(model).report  # any other Q/DQ'd Conv (RKNN's bias handling rejects them)
     lin = LinearsAsConv(ranges)(model).report
     save_model(model, dst)
-    return {"masks": masks.changed, "convs_in_float": convs.changed, "linears_as_conv": lin.changed,
-            "linears_skipped": dict(lin.skipped)}
+    return {"masks": masks.changed, "patch_convs_as_1x1": patch.changed, "convs_in_float": convs.changed,
+            "linears_as_conv": lin.changed, "skipped": {**patch.skipped, **lin.skipped}}
 
 
 def vitexport_ranges(calibration_json: str | Path) -> dict[str, tuple[float, float]]:
