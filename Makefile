@@ -19,7 +19,7 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup setup-rknn export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy clean
+.PHONY: setup setup-rknn export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy bench-npu clean
 
 setup:  ## create .venv and install vitexport with its dev tools (package registries only)
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,9 @@ bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (pee
 
 bench-legacy:  ## the earlier bench: vitexport vs torch.onnx.export + quantize_static, memory grid -> bench/results-legacy.md
 	$(BIN)/python -m bench.run --plan legacy
+
+bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~20 min)
+	$(BIN)/python -m bench.npu
 
 clean:
 	rm -rf build bench/work .pytest_cache

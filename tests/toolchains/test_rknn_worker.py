@@ -9,11 +9,11 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from rknn_models import DIM, TOKENS, masked_attention, qdq_linear
+from rknn_models import DIM, TOKENS, masked_attention, qdq_linear, qdq_patch_conv
 from vitexport.errors import BadInput
 from vitexport.graph.files import save_model
 from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
-from vitexport.toolchains.rknn_graph import FullShapeMasks, LinearsAsConv, linear_sites, output_ranges
+from vitexport.toolchains.rknn_graph import FullShapeMasks, LinearsAsConv, PatchConvsAs1x1, linear_sites, output_ranges
 
 _MISSING = rknn_missing()
 needs_rknn = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
@@ -53,6 +53,24 @@ def test_a_segfaulting_compile_is_one_bad_input_line(tmp_path):
     assert "crashed (SIGSEGV) in stage build" in msg and "RKNNSubgraphManager" in msg
     assert "node mask_where: Where condition [1, 1, 1, 8]" in msg  # the node and the rule
     assert "\n" not in msg
+
+
+@needs_rknn
+def test_a_patch_conv_runs_int8_as_patches_and_a_1x1_conv(tmp_path):
+    model = ir.serde.deserialize_model(qdq_patch_conv(size=32, patch=16))
+    feeds = [{"x": np.random.RandomState(i).randn(1, 3, 32, 32).astype(np.float32)} for i in range(3)]
+    as_is = tmp_path / "patch.onnx"
+    save_model(model, as_is)
+    with pytest.raises(BadInput, match=r"refused the model in stage build: RKNN says .KeyError: 'x_dq_conv'"):
+        run_rknn(RknnRequest(onnx=as_is), tmp_path / "as_is")  # the 16x16 stride-16 Q/DQ conv
+    PatchConvsAs1x1(output_ranges(model, feeds, ["c"]))(model)
+    path = tmp_path / "patch_1x1.onnx"
+    save_model(model, path)
+    res = run_rknn(RknnRequest(onnx=path, inputs=feeds), tmp_path / "work")
+    assert res.summary.int8_share == 1.0 and res.summary.gemm_macs == 4 * 24 * 3 * 16 * 16
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = np.concatenate([sess.run(None, f)[0] for f in feeds])
+    assert _cos(res.outputs[0].reshape(ref.shape), ref) > 0.999
 
 
 @needs_rknn
