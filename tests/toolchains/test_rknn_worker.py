@@ -15,8 +15,15 @@ from vitexport.graph.files import save_model
 from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
 from vitexport.toolchains.rknn_graph import FullShapeMasks, LinearsAsConv, PatchConvsAs1x1, linear_sites, output_ranges
 
-_MISSING = rknn_missing()
-needs_rknn = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+# each test starts rknn-toolkit2 (~5 s) and compiles (~2-5 s): ~50 s in all, so `make test`, not the fast lane
+
+
+@pytest.fixture(scope="module")
+def rknn():
+    """Skips (saying why) only where the venv is missing or broken; checked once, when first needed."""
+    missing = rknn_missing()
+    if missing:
+        pytest.skip(missing)
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -24,8 +31,8 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-@needs_rknn
-def test_masked_attention_compiles_and_simulates_after_full_shape_masks(tmp_path):
+@pytest.mark.slow
+def test_masked_attention_compiles_and_simulates_after_full_shape_masks(rknn, tmp_path):
     model = ir.serde.deserialize_model(masked_attention())
     FullShapeMasks()(model)
     path = tmp_path / "attn.onnx"
@@ -43,8 +50,8 @@ def test_masked_attention_compiles_and_simulates_after_full_shape_masks(tmp_path
     assert "RKNN" in res.log.read_text()  # the toolchain's output went to the log, not the terminal
 
 
-@needs_rknn
-def test_a_segfaulting_compile_is_one_bad_input_line(tmp_path):
+@pytest.mark.slow
+def test_a_segfaulting_compile_is_one_bad_input_line(rknn, tmp_path):
     path = tmp_path / "broadcast_mask.onnx"
     onnx.save(masked_attention(), path)
     with pytest.raises(BadInput) as err:
@@ -55,8 +62,8 @@ def test_a_segfaulting_compile_is_one_bad_input_line(tmp_path):
     assert "\n" not in msg
 
 
-@needs_rknn
-def test_a_patch_conv_runs_int8_as_patches_and_a_1x1_conv(tmp_path):
+@pytest.mark.slow
+def test_a_patch_conv_runs_int8_as_patches_and_a_1x1_conv(rknn, tmp_path):
     model = ir.serde.deserialize_model(qdq_patch_conv(size=32, patch=16))
     feeds = [{"x": np.random.RandomState(i).randn(1, 3, 32, 32).astype(np.float32)} for i in range(3)]
     as_is = tmp_path / "patch.onnx"
@@ -73,8 +80,8 @@ def test_a_patch_conv_runs_int8_as_patches_and_a_1x1_conv(tmp_path):
     assert _cos(res.outputs[0].reshape(ref.shape), ref) > 0.999
 
 
-@needs_rknn
-def test_linears_as_conv_run_int8_on_the_npu(tmp_path):
+@pytest.mark.slow
+def test_linears_as_conv_run_int8_on_the_npu(rknn, tmp_path):
     model = ir.serde.deserialize_model(qdq_linear())
     feeds = [{"x": np.random.RandomState(i).randn(1, TOKENS, DIM).astype(np.float32)} for i in range(4)]
     site = linear_sites(model)[0]
