@@ -1,7 +1,7 @@
 """NPU bench (issue 20): RKNN's own quantizer vs vitexport's routes on RKNN's x86 simulator, and
 OpenVINO INT8 vs FP32 on its CPU plugin -> bench/results-npu.md.
 
-    python -m bench.npu [--models demo,vit_tiny] [--samples 32] [--ov-models vit_tiny,vit_small]
+    python -m bench.npu [--models demo,vit_tiny,swin] [--samples 32] [--ov-models vit_tiny,vit_small]
 
 Per model: vitexport exports with the ``npu`` recipe and the overrides of :data:`RKNN_SETS`; then the
 float graph, its Q/DQ file and its calibration table go to rknn-toolkit2 (``make setup-rknn``) by the
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.models import MODELS, prepare_model
+from bench.npu_models import SWIN_TITLE, prepare_swin
 from vitexport.api import export
 from vitexport.engines import OnnxRuntimeRunner, OpenVinoRunner
 from vitexport.engines.sessions import QDQ_AS_FLOAT
@@ -59,9 +60,8 @@ def _rknn_row(onnx: Path, quant, feeds, ref, work: Path) -> dict:
 
 def bench_model(key: str, samples: int) -> dict:
     """Every RKNN route (and FP16, and ONNX Runtime's run of the Q/DQ file) on one model."""
-    spec = MODELS[key]
     work = WORK / key
-    info = prepare_model(spec, work, max_calib=64)
+    info = prepare_swin(work) if key == "swin" else prepare_model(MODELS[key], work, max_calib=64)
     out = work / "export"
     export(info["uri"], "npu", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"],
            out=out, overrides=RKNN_SETS, resume=True)
@@ -126,7 +126,8 @@ def render(results: dict, ov: dict, samples: int) -> str:
              "simulator per sample. rknn-toolkit2 2.5.0, target rk3588. vitexport: `npu` recipe with "
              f"`{' '.join('--set ' + s for s in RKNN_SETS)}`.", ""]
     for key, rows in results.items():
-        lines += [f"## {MODELS[key].title}", "", "; ".join(rows.get("notes", [])), "",
+        title = SWIN_TITLE if key == "swin" else MODELS[key].title
+        lines += [f"## {title}", "", "; ".join(rows.get("notes", [])), "",
                   f"Layout transform: {json.dumps(rows.get('layout', {}))}", "",
                   "| route | cos min | cos mean | top-1 agree | INT8 share | compile s | sim ms/sample |",
                   "|---|---|---|---|---|---|---|"]
@@ -150,7 +151,7 @@ def render(results: dict, ov: dict, samples: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="demo,vit_tiny")
+    ap.add_argument("--models", default="demo,vit_tiny,swin")
     ap.add_argument("--ov-models", default="vit_tiny,vit_small")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--out", default=str(REPO / "bench" / "results-npu.md"))

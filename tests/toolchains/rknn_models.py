@@ -11,8 +11,8 @@ __all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "TOKENS", "DIM"]
 TOKENS, DIM = 8, 16
 
 
-def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM)) -> onnx.ModelProto:
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM), extra_inputs=()) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape)), *extra_inputs],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
@@ -20,9 +20,10 @@ def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM)) -> onnx.ModelP
     return m
 
 
-def masked_attention(seed: int = 0, pad: int = 3, fill: float = -3.4e38) -> onnx.ModelProto:
+def masked_attention(seed: int = 0, pad: int = 3, fill: float = -3.4e38, runtime_mask: bool = False) -> onnx.ModelProto:
     """x[1,1,T,D] → Linear → softmax(x·xᵀ masked) · x: the last ``pad`` keys masked with a broadcast
-    ``bool[1,1,1,T]`` condition, as vitexport's mask_to_where writes it."""
+    ``bool[1,1,1,T]`` condition, as vitexport's mask_to_where writes it; ``runtime_mask``: the condition
+    is a second input ``keep`` (a padding mask that arrives with the data)."""
     rs = np.random.RandomState(seed)
     keep = np.ones((1, 1, 1, TOKENS), bool)
     keep[..., TOKENS - pad:] = False
@@ -38,7 +39,10 @@ def masked_attention(seed: int = 0, pad: int = 3, fill: float = -3.4e38) -> onnx
         helper.make_node("Softmax", ["sm"], ["p"], axis=-1, name="softmax"),
         helper.make_node("MatMul", ["p", "h"], ["y"], name="pv"),
     ]
-    return _model(nodes, inits, (1, 1, TOKENS, DIM))
+    if not runtime_mask:
+        return _model(nodes, inits, (1, 1, TOKENS, DIM))
+    keep_input = helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 1, 1, TOKENS])
+    return _model(nodes, [i for i in inits if i.name != "keep"], (1, 1, TOKENS, DIM), extra_inputs=[keep_input])
 
 
 def _qdq(nodes, inits, x: str, scale: float, tag: str) -> str:

@@ -34,6 +34,24 @@ def test_full_shape_masks_keeps_the_output_and_names_the_crash():
     assert FullShapeMasks()(model).report.changed == 0  # a second run finds nothing to do
 
 
+def test_a_mask_computed_at_run_time_is_expanded():
+    model = ir.serde.deserialize_model(masked_attention(runtime_mask=True))
+    feed = {"x": np.random.RandomState(0).randn(1, 1, TOKENS, DIM).astype(np.float32),
+            "keep": np.arange(TOKENS).reshape(1, 1, 1, TOKENS) < 5}
+
+    def run() -> np.ndarray:
+        proto = ir.serde.serialize_model(model).SerializeToString()
+        return ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+    before = run()
+    assert "broadcasts" in rknn_hazards(model)[0]
+    assert FullShapeMasks()(model).report.changed == 1
+    expand = next(n for n in model.graph if n.op_type == "Expand")
+    assert expand.inputs[0].name == "keep" and list(expand.inputs[1].const_value.numpy()) == [1, 1, TOKENS, TOKENS]
+    np.testing.assert_allclose(run(), before, rtol=0, atol=1e-6)
+    assert rknn_hazards(model) == []
+
+
 def test_linears_as_conv_writes_qdq_convs_with_the_same_function():
     model = ir.serde.deserialize_model(qdq_linear())
     xs = [np.random.RandomState(i).randn(1, TOKENS, DIM).astype(np.float32) for i in range(4)]

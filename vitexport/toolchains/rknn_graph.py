@@ -53,9 +53,8 @@ def _set_const(model: ir.Model, node: ir.Node, idx: int, arr: np.ndarray, name: 
 
 
 class FullShapeMasks(GraphPass):
-    """Constant ``Where`` conditions written at the full shape of the scores; fills below −3e38 as
-    −10000 (see the module docstring). A condition computed at run time is left alone (skipped with
-    the reason): RKNN would need an ``Expand`` there, not measured yet."""
+    """``Where`` conditions at the full shape of the scores (a constant one rewritten, one computed at
+    run time expanded by an ``Expand``); fills below −3e38 as −10000 (see the module docstring)."""
 
     name = "rknn_full_shape_masks"
 
@@ -65,15 +64,22 @@ class FullShapeMasks(GraphPass):
             if node.op_type != "Where":
                 continue
             cond, x, fill = node.inputs
-            shape = static_shape(x)
+            shape, cshape = static_shape(x), static_shape(cond)
             carr, farr = const_array(cond), const_array(fill)
-            if carr is None or shape is None:
-                report.skipped[node.name] = "condition not constant or scores without a static shape"
+            if shape is None or cshape is None:
+                report.skipped[node.name] = "scores or condition without a static shape"
                 continue
             changed = False
-            full = np.broadcast_shapes(carr.shape, shape, farr.shape if farr is not None else ())
-            if carr.shape != full:
+            full = np.broadcast_shapes(cshape, shape, farr.shape if farr is not None else ())
+            if tuple(cshape) != full and carr is not None:
                 _set_const(model, node, 0, np.ascontiguousarray(np.broadcast_to(carr, full)), f"{cond.name}_full")
+                changed = True
+            elif tuple(cshape) != full:  # computed at run time (a padding mask from an input): Expand it
+                expand = ir.node("Expand", [cond, _init(model, f"{node.name}_mask_shape", np.array(full, np.int64))],
+                                 name=f"{node.name}_mask_Expand")
+                expand.outputs[0].shape, expand.outputs[0].dtype = ir.Shape(full), cond.dtype
+                model.graph.insert_before(node, [expand])
+                node.replace_input_with(0, expand.outputs[0])
                 changed = True
             if farr is not None and farr.size == 1 and float(farr.reshape(-1)[0]) < _FILL_LIMIT:
                 _set_const(model, node, 2, np.array(RKNN_FILL, farr.dtype).reshape(farr.shape), f"{fill.name}_rknn")
