@@ -34,6 +34,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BadInput, one_line
+from ..graph.files import load_model
+from .rknn_graph import rknn_hazards
 from .rknn_log import OpRow, OpSummary, error_lines, last_pass, op_summary, parse_op_table
 
 __all__ = ["RknnRequest", "RknnQuantization", "RknnResult", "run_rknn", "rknn_python", "rknn_available",
@@ -166,9 +168,6 @@ _NOT_THE_ERROR = ("RKNN: [", "rknn-toolkit2 version", "build: Traceback", "load_
 
 
 def _hazards(onnx: Path) -> list[str]:
-    from ..graph.files import load_model
-    from .rknn_graph import rknn_hazards
-
     try:
         return rknn_hazards(load_model(onnx))
     except Exception:  # the diagnosis is a courtesy: an unreadable file still gets the crash line
