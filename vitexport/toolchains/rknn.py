@@ -139,7 +139,7 @@ def _npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str)
         row = []
         for j, arr in enumerate(feed.values()):
             path = folder / f"{tag}{i}_{j}.npy"
-            np.save(path, np.ascontiguousarray(arr, np.float32))
+            np.save(path, np.ascontiguousarray(arr))  # the input's own dtype (token ids stay int64)
             row.append(str(path))
         rows.append(row)
     return rows
