@@ -29,9 +29,9 @@ WORK = REPO / "bench" / "work"
 #: name → (what it shows, recipe overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "defaults": ("every technique on (orin recipe), fallback off", []),
-    "no smoothing": ("smoothing off (no factors anywhere)", ["quantization.equalize=false"]),
+    "no smoothing": ("smoothing off (no factors anywhere)", ["quantization.smooth=false"]),
     "LayerNorm folds only": ("no inserted Mul: GELU / attention outputs unsmoothed", ["quantization.smooth_insert=false"]),
-    "fixed alpha 0.5": ("one migration strength for every site", ["quantization.equalize_alpha=0.5"]),
+    "fixed alpha 0.5": ("one migration strength for every site", ["quantization.smooth_alpha=0.5"]),
     "percentile ranges": ("one clipping method (99.99th percentile) for every tensor", ["calibration.method=percentile"]),
     "no bias correction": ("the mean INT8 error left in the outputs", ["quantization.bias_correction=false"]),
     "attn·V float": ("only Q·Kᵀ of attention in INT8", ["quantization.quantize_attention_pv=false"]),

@@ -20,8 +20,8 @@ import numpy as np
 from bench.models import MODELS, prepare_model
 from bench.npu_models import SWIN_TITLE, prepare_swin
 from vitexport.api import export
-from vitexport.engines import OnnxRuntimeRunner, OpenVinoRunner
-from vitexport.engines.sessions import QDQ_AS_FLOAT
+from vitexport.runners import OnnxRuntimeRunner, OpenVinoRunner
+from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
 from vitexport.toolchains.rknn import RknnRequest, run_rknn
 from vitexport.toolchains.rknn_routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization

@@ -196,9 +196,10 @@ def task_ablation(a: dict) -> dict:
     from bench.score import score_onnx
     from vitexport.calibration import load_samples
     from vitexport.quantize import quantize_int8
-    from vitexport.recipe import load_recipe
+    from vitexport.targets import load_target
 
-    recipe = load_recipe("orin", a["overrides"])
+    target = load_target("orin", a["overrides"])
+    recipe = target.recipe
     m = onnx.load(a["fp32"], load_external_data=False)
     inits = {i.name for i in m.graph.initializer}
     example = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim],
@@ -209,11 +210,11 @@ def task_ablation(a: dict) -> dict:
     out = Path(a["out"])
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rep = quantize_int8(Path(a["fp32"]), out / "model.int8.onnx", calib, recipe, out)
+    rep = quantize_int8(Path(a["fp32"]), out / "model.int8.onnx", calib, target, out)
     seconds = time.perf_counter() - t0
     res = score_onnx(out / "model.int8.onnx", a["score"], a["reference"], qdq_as_float=True)
     table = json.loads((out / "calibration.json").read_text())
-    res.update(quantize_s=seconds, float_nodes=len(rep.float_fallback), smoothed=rep.equalized,
+    res.update(quantize_s=seconds, float_nodes=len(rep.float_fallback), smoothed=rep.smoothed,
                fp32_islands=len(rep.precision.get("fp32_islands", {})), error_split=table.get("choices", {}).get("error"))
     return res
 

@@ -1,7 +1,8 @@
 """Train the bundled demo ViT on scikit-learn's handwritten digits, deterministically and offline.
 
-Writes vitexport/demo/demo_vit.safetensors, calibration/demo/calib.npz (no labels: calibration
-needs none) and calibration/demo/heldout.npz (with labels ``y``: the parity/accuracy split).
+Writes vitexport/demo/demo_vit.safetensors, vitexport/demo/calib.npz (no labels: calibration needs
+none) and vitexport/demo/heldout.npz (with labels ``y``: the parity/accuracy split): package data,
+so an installed vitexport carries them.
 Run with ``make demo-model``.
 """
 from __future__ import annotations

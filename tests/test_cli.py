@@ -6,6 +6,7 @@ import json
 import pytest
 
 from cli_helpers import run_cli
+from vitexport.targets import DEFAULT_TARGET, registered_targets
 
 REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
 ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
@@ -86,8 +87,9 @@ def test_parity_gate_failure_exits_1_naming_stage_and_metric(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["npu", "cpu", "orin-jp5"])
+@pytest.mark.parametrize("target", [n for n in registered_targets() if n != DEFAULT_TARGET])
 def test_other_targets_export_the_demo(tmp_path, target):
+    """Every registered target exports the demo (the default one in ``demo_run``)."""
     proc = run_cli("export", "--target", target, "--out", str(tmp_path / target))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / target / "parity.json").read_text())

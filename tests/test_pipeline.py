@@ -12,22 +12,23 @@ import pytest
 import torch
 
 from vitexport.api import prepare
-from vitexport.engines import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from vitexport.runners import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from vitexport.errors import ParityFailure
 from vitexport.io import sha256_file
 from vitexport.pipeline import STATE_FILE, run_pipeline
 from vitexport.recipe import Recipe, StageName
 from vitexport.stages import INT8_ONNX, Contribution, RunContext, StageOutput, pipeline_stages
+from vitexport.targets import Target
 
-FAST = ("calibration.num_samples=16", "parity_data.synthetic_samples=8", "quantization.measure_latency=false")
+FAST = ("calibration.num_samples=16", "parity_data.synthetic_samples=8")
 KEYED = [StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
 
 
 def _run(tiny_vit_file, out, target="orin", keep_source=True, overrides=(), **kw):
-    model, recipe, calib, parity, notes = prepare(f"python:{tiny_vit_file}:build_with_inputs", target,
+    model, target, calib, parity, notes = prepare(f"python:{tiny_vit_file}:build_with_inputs", target,
                                                   overrides=(*FAST, *overrides))
     before = {k: v.clone() for k, v in model.module.state_dict().items()}
-    arts = run_pipeline(model, recipe, out, calib=calib, parity_data=parity, keep_source=keep_source, **kw)
+    arts = run_pipeline(model, target, out, calib=calib, parity_data=parity, keep_source=keep_source, **kw)
     return model, before, arts
 
 
@@ -138,9 +139,9 @@ class _FloatQdqEngine:
         return OnnxRuntimeRunner(out.files["model.engine.onnx"], name=self.name, config=QDQ_AS_FLOAT)
 
 
-def _readme(int8: Path, recipe: Recipe) -> Path:
+def _readme(int8: Path, target: Target) -> Path:
     path = int8.parent / "RUN_ME.txt"
-    path.write_text(f"{recipe.name}: run {int8.name} with Q/DQ as float ops\n")
+    path.write_text(f"{target.recipe.name}: run {int8.name} with Q/DQ as float ops\n")
     return path
 
 
@@ -148,22 +149,22 @@ def _readme(int8: Path, recipe: Recipe) -> Path:
 def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_path):
     """A contribution's files are written and recorded with quantize_int8; its stage runs after it,
     is gated with the recipe's tolerance for that stage and lands in the reports and the manifest."""
-    model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
-    stages = pipeline_stages(recipe, Contribution(artifacts=(_readme,), stages=(_FloatQdqEngine(),)))
+    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    stages = pipeline_stages(target, Contribution(artifacts=(_readme,), stages=(_FloatQdqEngine(),)))
     assert [s.name for s in stages][-2:] == [StageName.quantize_int8, StageName.build_engine]
-    arts = run_pipeline(model, recipe, tmp_path, calib=calib, parity_data=parity, stages=stages)
+    arts = run_pipeline(model, target, tmp_path, calib=calib, parity_data=parity, stages=stages)
     assert arts.passed and {"RUN_ME.txt", "model.engine.onnx"} <= set(arts.files)
     by = _stages(tmp_path)
     assert list(by)[-1] == "build_engine" and by["build_engine"]["notes"][0] == "Q/DQ as float ops"
-    assert by["build_engine"]["tolerance"]["cosine_min"] == recipe.tolerance("build_engine").cosine_min
+    assert by["build_engine"]["tolerance"]["cosine_min"] == target.recipe.tolerance("build_engine").cosine_min
     assert "RUN_ME.txt" in by["quantize_int8"]["artifacts"]
     assert "RUN_ME.txt" in json.loads((tmp_path / STATE_FILE).read_text())["quantize_int8"]["artifacts"]
     assert "build_engine" in json.loads((tmp_path / "manifest.json").read_text())["stages"]
     # a disabled contributed stage is listed as skipped, like any other
-    model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu",
+    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu",
                                               overrides=(*FAST, "stages.build_engine.enabled=false"))
-    off = run_pipeline(model, recipe, tmp_path / "off", calib=calib, parity_data=parity,
-                       stages=pipeline_stages(recipe, Contribution(stages=(_FloatQdqEngine(),))))
+    off = run_pipeline(model, target, tmp_path / "off", calib=calib, parity_data=parity,
+                       stages=pipeline_stages(target, Contribution(stages=(_FloatQdqEngine(),))))
     assert off.parity.skipped == [StageName.build_engine] and off.resumed == []
 
 
@@ -173,15 +174,15 @@ def test_an_outlier_planted_in_the_parity_data_does_not_change_the_fallbacks_cho
     gate then scores, however wild, cannot move that choice."""
     from vitexport.calibration.data import NpzSamples
 
-    strict = ("quantization.equalize=false", "quantization.fallback.max_float_layers=4",
+    strict = ("quantization.smooth=false", "quantization.fallback.max_float_layers=4",
               "parity.quantize_int8.cosine_min=0.99999")  # no INT8 model meets it: the fallback acts
 
     def chosen(parity_of) -> list[str]:
-        model, recipe, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "orin",
+        model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "orin",
                                                   overrides=(*FAST, *strict))
         out = tmp_path / str(len(list(tmp_path.iterdir())))
         try:
-            run_pipeline(model, recipe, out, calib=calib, parity_data=parity_of(parity), keep_source=False)
+            run_pipeline(model, target, out, calib=calib, parity_data=parity_of(parity), keep_source=False)
         except ParityFailure:
             pass  # the strict gate may fail on the written file; the choice is what is compared
         q = _stages(out)["quantize_int8"]["details"]["quantize"]

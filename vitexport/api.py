@@ -5,16 +5,19 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from .calibration import SampleSet, load_samples, random_samples
-from .calibration.data import NpzSamples
-from .errors import BadInput, InternalError, ParityFailure, VitexportError, classify
+from .calibration.feeds import FeedSet
+from .check import check_file
+from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
+from .errors import InternalError, ParityFailure, VitexportError, classify
 from .io import write_error_log
+from .parity import compare_models, render_reports
 from .pipeline import Artifacts, run_pipeline
+from .runners import feed_size
 from .preflight import check_model, check_output_folder, run_needs
-from .recipe import Recipe, StageName, available_recipes, load_recipe
+from .recipe import StageName, parse_stage
 from .sources import LoadedModel, load_model
+from .targets import Target, load_recipe, load_target, registered_targets
 
 __all__ = ["export", "prepare", "targets", "check", "render_parity", "compare", "DEFAULT_BUILD_DIR"]
 
@@ -22,55 +25,34 @@ DEFAULT_BUILD_DIR = Path("build")
 
 
 def targets() -> dict[str, str]:
-    """Recipe name → one-line description, for every recipe shipped in ``recipes/``."""
-    out = {}
-    for name in available_recipes():
-        r = load_recipe(name)
-        out[name] = f"[{r.target.value}] {r.description}"
-    return out
+    """Target name → one-line description, for every registered target (vitexport's and plug-ins')."""
+    return {name: cls.description for name, cls in registered_targets().items()}
 
 
-def check(model: str | Path, target: str = "orin", *, overrides: Sequence[str] = ()):
+def check(model: str | Path, target: str | None = None, *, overrides: Sequence[str] = ()):
     """Check an ONNX file (vitexport's or anyone's) against a target: the ONNX checker, the recipe's
-    contract (ops, opset, static shapes, dtypes) and the target's runtime rules (orin: TensorRT's
-    Q/DQ rules and ONNX parser; npu: per-tensor, no float16).
+    contract (ops, opset, static shapes, dtypes) and the target's runtime rules (TensorRT's Q/DQ
+    rules and ONNX parser for a Jetson, per-tensor scales and no float16 for an NPU...).
 
     Args:
         model: the ONNX file (its ``.data`` file beside it, if any).
-        target: recipe name (``vitexport targets``) or a recipe YAML path.
+        target: target name (``vitexport targets``) or a recipe YAML path; None: the default target.
         overrides: ``key.path=value`` recipe overrides.
     Returns:
         A :class:`~vitexport.check.CheckResult`: true when nothing is broken, ``lines()`` one line
         per violation naming node and rule.
     Raises:
-        BadInput: the file is missing or is not ONNX; the recipe is unknown or invalid.
+        BadInput: the file is missing or is not ONNX; the target is unknown or the recipe invalid.
     """
-    from .check import check_file
-
-    recipe = load_recipe(target, overrides)
-    given = target if Path(target).suffix in {".yaml", ".yml"} else None  # a user's file is named as given
-    return check_file(model, recipe, recipe_path=given)
-
-
-def _fit_batch(samples: SampleSet, batch: int) -> SampleSet:
-    """Fixed-shape models take exactly ``batch`` samples per call: trim (or tile) to a multiple."""
-    n = len(samples)
-    if batch == 1 or n % batch == 0:
-        return samples
-    arrays: dict[str, list[np.ndarray]] = {}
-    for b in samples.batches(n):
-        for k, v in b.items():
-            arrays.setdefault(k, []).append(v)
-    full = {k: np.concatenate(v) for k, v in arrays.items()}
-    keep = (n // batch) * batch or batch
-    idx = np.arange(keep) % n
-    labels = samples.labels[idx] if samples.labels is not None else None
-    return NpzSamples({k: v[idx] for k, v in full.items()}, labels, samples.source)
+    run_target = load_target(target, overrides)
+    # a user's recipe file is named as given
+    given = target if target is not None and Path(target).suffix in {".yaml", ".yml"} else None
+    return check_file(model, run_target, recipe_path=given)
 
 
 def prepare(
     model_uri: str | None = None,
-    target: str = "orin",
+    target: str | None = None,
     *,
     weights: str | Path | None = None,
     input_shape: str | None = None,
@@ -78,24 +60,25 @@ def prepare(
     parity_data: str | Path | None = None,
     overrides: Sequence[str] = (),
     trust_pickle: bool = False,
-) -> tuple[LoadedModel, Recipe, SampleSet, SampleSet, list[str]]:
+) -> tuple[LoadedModel, Target, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
     Pre-flight: the memory the inputs, one forward, the histograms and the golden reference need
     is checked against what the machine has, and the model is run twice on a few parity samples
     (it must run, and agree with itself).
 
-    With no ``model_uri`` the bundled demo (and its weights and data) is used.
+    With no ``model_uri`` the bundled demo (and its weights and data) is used; with no ``target``
+    the default one (:data:`vitexport.targets.DEFAULT_TARGET`).
     Returns:
-        (model, recipe, calibration samples, parity samples, notes for the report).
+        (model, the run's target (its ``recipe`` validated), calibration samples, parity samples,
+        notes for the report).
     Raises:
         BadInput: bad recipe, model, weights, shape or data; a model that is not deterministic.
         UserCodeError: the user's ``python:`` code raised (importing, building or in forward).
         ResourceLimit: the run cannot fit in memory (the estimate and the setting are named).
     """
-    from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
-
-    recipe = load_recipe(target, overrides)
+    run_target = load_target(target, overrides)
+    recipe = run_target.recipe
     if model_uri is None:
         model_uri = DEMO_MODEL_URI
         weights = DEMO_WEIGHTS if weights is None else weights
@@ -124,16 +107,16 @@ def prepare(
         parity_set = random_samples(model.example_inputs, pd.synthetic_samples, seed=pd.seed + 1,
                                     setting="lower parity_data.synthetic_samples")
         notes.append("no --parity-data given: parity measured on synthetic inputs")
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     run_needs(model, recipe, len(parity_set))
-    parity_set = _fit_batch(parity_set, batch)
+    parity_set = FeedSet(parity_set, batch).whole_batches()  # each parity sample counted once
     check_model(model, parity_set)
-    return model, recipe, calib_set, parity_set, notes
+    return model, run_target, calib_set, parity_set, notes
 
 
 def export(
     model_uri: str | None = None,
-    target: str = "orin",
+    target: str | None = None,
     *,
     weights: str | Path | None = None,
     input_shape: str | None = None,
@@ -150,7 +133,7 @@ def export(
 
     Args:
         model_uri: ``timm:NAME`` | ``torchvision:NAME`` | ``hf:DIR`` | ``python:PATH.py:FUNC``; None → the demo.
-        target: recipe name (``vitexport targets``) or a recipe YAML path.
+        target: target name (``vitexport targets``) or a recipe YAML path; None: the default target.
         weights: ``.safetensors`` / ``.pt`` / ``.pth`` state dict.
         input_shape: ``'N,C,H,W'`` overriding the model's own.
         calib: calibration data (image folder or ``.npz``).
@@ -175,15 +158,15 @@ def export(
         if out is not None:  # checked first: a bad folder fails before a model is loaded
             where["out"] = check_output_folder(out)
             where["existed"] = where["out"].exists()
-        model, recipe, calib_set, parity_set, notes = prepare(
+        model, run_target, calib_set, parity_set, notes = prepare(
             model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
             parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle,
         )
         if where["out"] is None:
-            where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{recipe.name}")
+            where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{run_target.recipe.name}")
             where["existed"] = where["out"].exists()
         out_dir: Path = where["out"]
-        return run_pipeline(model, recipe, out_dir, calib=calib_set, parity_data=parity_set,
+        return run_pipeline(model, run_target, out_dir, calib=calib_set, parity_data=parity_set,
                             data_note="; ".join(notes), layers=layers, resume=resume, log=log,
                             keep_source=layers)  # the model was loaded for this run: the pipeline may consume it
     except ParityFailure:
@@ -210,8 +193,6 @@ def _failed(exc: BaseException, out_dir: Path | None, existed: bool) -> Vitexpor
 
 def render_parity(out_dir: str | Path) -> dict[str, Path]:
     """Re-render ``parity.md`` / ``parity.html`` of a finished run from its ``parity.json``."""
-    from .parity import render_reports
-
     return render_reports(Path(out_dir))
 
 
@@ -222,7 +203,7 @@ def compare(
     *,
     layers: bool = False,
     out: str | Path | None = None,
-    target: str = "orin",
+    target: str | None = None,
     stage: StageName | str = StageName.simplify,
     overrides: Sequence[str] = (),
     weights: str | Path | None = None,
@@ -236,16 +217,14 @@ def compare(
         parity_data: inputs (image folder or ``.npz``).
         layers: per-layer comparison and ``first_divergence``.
         out: where the report goes (none written when None).
-        target, stage: the recipe and stage whose tolerance applies (``quantize_int8`` for an INT8 B).
+        target, stage: the target (or recipe path) and stage whose tolerance applies (``quantize_int8``
+            for an INT8 B); None: the default target.
         overrides: recipe overrides.
         weights, input_shape: for a model URI.
         num_samples: compare on at most this many samples.
     Returns:
         The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
     """
-    from .parity import compare_models
-    from .recipe import parse_stage
-
     stage = parse_stage(stage)  # BadInput naming the stages
     recipe = load_recipe(target, overrides)
     return compare_models(

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 import traceback
 import warnings
 from typing import Iterator, Sequence
+
+from .errors import BadInput, InternalError, VitexportError, VitexportWarning, classify, one_line
+from .recipe import StageName
 
 __all__ = ["main", "build_parser"]
 
@@ -22,6 +26,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401
         self.exit(2, f"vitexport: error: {message}\n")
+
+
+# The subcommands import vitexport.api when they run, not with this module: it loads torch, ONNX
+# Runtime and onnx-ir (measured: `vitexport --help` 1.2-1.4 s, `import vitexport.api` 17-28 s on this
+# loaded 2-core machine), which --help and a usage error never need.
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -60,8 +69,8 @@ def _print_summary(arts) -> None:
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    """List the recipes (targets) shipped with vitexport."""
-    from . import api
+    """List the targets (vitexport's and plug-ins'); each name is a --target with its own recipe."""
+    from . import api  # lazy, see above
 
     for name, desc in api.targets().items():
         print(f"{name:<10} {desc}")
@@ -71,7 +80,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Check an ONNX file against a target: contract (ops, opset, static shapes, dtypes) and the target's
     runtime rules. Exit 0 when clean; 2 with one line per violation naming node and rule."""
-    from . import api
+    from . import api  # lazy, see above
 
     result = api.check(args.model, args.target, overrides=args.set)
     for line in result.lines():
@@ -83,8 +92,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_parity(args: argparse.Namespace) -> int:
     """Re-render a finished run's report (OUT_DIR), or compare two models with --compare A B."""
-    from . import api
-    from .errors import BadInput
+    from . import api  # lazy, see above
+    from .parity import load_run  # as vitexport.api: loaded when the command runs
 
     if args.compare:
         if not args.parity_data:
@@ -97,23 +106,22 @@ def cmd_parity(args: argparse.Namespace) -> int:
         return 0 if result.passed else 1
     if not args.out_dir:
         raise BadInput("parity: give OUT_DIR (a finished run) or --compare A B")
-    from .parity import load_run
-
     files = api.render_parity(args.out_dir)
     for path in files.values():
         print(path)
     return 0 if load_run(args.out_dir).passed else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .recipe import StageName
+_TARGET_HELP = "target name (see `vitexport targets`; default: vitexport.targets.DEFAULT_TARGET) or a recipe YAML path"
 
+
+def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (calibration passes, parity runs) with times")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     e = sub.add_parser("export", help=cmd_export.__doc__, description=cmd_export.__doc__)
-    e.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    e.add_argument("--target", default=None, help=_TARGET_HELP)
     e.add_argument("--model", default=None, help="timm:NAME | torchvision:NAME | hf:DIR | python:PATH.py:FUNC (default: the bundled demo)")
     e.add_argument("--weights", default=None, help=".safetensors, or a state_dict .pt/.pth")
     e.add_argument("--input-shape", default=None, help="N,C,H,W (N,L for a text encoder); default from the model")
@@ -131,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help=cmd_check.__doc__, description=cmd_check.__doc__)
     c.add_argument("model", help="the ONNX file to check")
-    c.add_argument("--target", default="orin", help="recipe name (see `vitexport targets`) or a recipe YAML path")
+    c.add_argument("--target", default=None, help=_TARGET_HELP)
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. contract.max_opset=19")
     c.set_defaults(func=cmd_check)
 
@@ -141,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--parity-data", default=None, help="inputs for --compare (image folder or .npz)")
     r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
     r.add_argument("--out", default=None, help="where --compare writes its report")
-    r.add_argument("--target", default="orin", help="recipe whose tolerances apply")
+    r.add_argument("--target", default=None, help="target (or recipe YAML path) whose tolerances apply")
     r.add_argument("--stage", default=StageName.simplify.value, metavar="STAGE",
                    help=f"stage whose tolerance applies: {', '.join(StageName)} (quantize_int8 for an INT8 model)")
     r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")
@@ -158,8 +166,6 @@ def _verbose_log(verbose: bool) -> Iterator[None]:
     if not verbose:
         yield
         return
-    import logging
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
     pkg = logging.getLogger("vitexport")
@@ -177,7 +183,6 @@ def _verbose_log(verbose: bool) -> Iterator[None]:
 def _one_line_warnings(verbose: bool) -> Iterator[None]:
     """Print each warning as ``vitexport: warning: ...`` on one line, never with a line of source;
     other libraries' warnings only with ``-v``."""
-    from .errors import VitexportWarning, one_line
 
     def show(message, category, filename, lineno, file=None, line=None):
         ours = issubclass(category, VitexportWarning)
@@ -195,8 +200,6 @@ def _one_line_warnings(verbose: bool) -> Iterator[None]:
 
 def _fail(exc: BaseException, verbose: bool) -> int:
     """Print what went wrong as one line (and the traceback with ``-v``); return the exit code."""
-    from .errors import InternalError, VitexportError, classify
-
     err = classify(exc)
     if err is None:
         print("vitexport: interrupted", file=sys.stderr)

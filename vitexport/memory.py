@@ -11,6 +11,7 @@ Keeping it low: :func:`release_memory` hands freed heap pages back (``malloc_tri
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from pathlib import Path
 from typing import Iterator
 
@@ -40,7 +41,7 @@ def process_peak_bytes() -> int | None:
     """The whole process's peak resident memory, across every :class:`PeakMeter` reset."""
     hwm = _status_kb("VmHWM")
     if hwm is None:
-        try:
+        try:  # resource is POSIX-only: imported where this fallback needs it
             import resource
             import sys
 
@@ -97,8 +98,6 @@ def _reset() -> bool:
 def release_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them after large frees); no-op elsewhere."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -113,8 +112,6 @@ POOLED_THRESHOLD_BYTES = 32 << 20
 
 def _mmap_threshold(nbytes: int) -> bool:
     try:
-        import ctypes
-
         return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, nbytes))
     except (OSError, AttributeError):
         return False

@@ -11,6 +11,7 @@ result) is saved, so a run that was killed resumes from the last finished stage:
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import platform
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import onnx
+import onnxruntime
 import torch
 
 from . import __version__
@@ -29,8 +32,10 @@ from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
+from .runners import TorchRunner, feed_size
 from .sources import LoadedModel
 from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
+from .targets import Target
 
 _log = logging.getLogger("vitexport.pipeline")
 
@@ -106,7 +111,7 @@ class _State:
 
 def run_pipeline(
     model: LoadedModel,
-    recipe: Recipe,
+    target: Target,
     out_dir: Path,
     *,
     calib: SampleSet,
@@ -122,7 +127,8 @@ def run_pipeline(
 
     Args:
         model: the loaded model (untouched unless ``keep_source`` is False; the passes work on a copy).
-        recipe, out_dir: the validated recipe; the output folder (created).
+        target: the run's target (:func:`vitexport.targets.build_target`), its recipe validated.
+        out_dir: the output folder (created).
         calib, parity_data: calibration samples; parity samples (labels optional), cut to the export batch.
         data_note: said in the report (e.g. "synthetic inputs: no data given").
         layers: add per-layer localisation to the quantized stage.
@@ -139,9 +145,10 @@ def run_pipeline(
     """
     if layers and not keep_source:
         raise ValueError("per-layer localisation (layers=True) compares with the source model: keep_source must be True")
-    stages = list(stages) if stages is not None else pipeline_stages(recipe)
+    recipe = target.recipe
+    stages = list(stages) if stages is not None else pipeline_stages(target)
     arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
-    ctx = _begin(model, recipe, out_dir, parity_data, calib, layers, keep_source, arts, meter)
+    ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])
     mark_vacuous(ctx.reference, run)  # a constant reference makes every gate pass trivially: say so loudly
@@ -166,16 +173,14 @@ def run_pipeline(
     return arts
 
 
-def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
+def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     # The golden reference is captured once, first, from the untouched model: exporters and passes
     # may change a module's state, and every stage is compared with this one set of outputs.
     _log.debug("golden reference: the untouched model on %d parity sample(s)", len(parity_data))
-    from .engines import TorchRunner
-
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
                                       source=parity_data.source, layers=True if layers else None)
@@ -183,7 +188,7 @@ def _begin(model: LoadedModel, recipe: Recipe, out_dir: Path, parity_data: Sampl
     arts.files["reference.npz"] = out_dir / "reference.npz"
     _record_peak(arts, "reference", meter.lap())
     key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint())
-    return RunContext(model=model, recipe=recipe, out_dir=out_dir, calib=calib, reference=reference,
+    return RunContext(model=model, target=target, out_dir=out_dir, calib=calib, reference=reference,
                       unmasked=_unmasked(reference), key=key, layers=layers, keep_source=keep_source,
                       module=model.module, owned=not keep_source, files=arts.files)
 
@@ -241,17 +246,13 @@ def _stage_line(res: StageResult, peak: int | None = None) -> str:
 
 
 def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import onnxsim
-
     return {
         "vitexport": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "onnxsim": getattr(onnxsim, "__version__", "unknown"),
+        "onnxsim": importlib.metadata.version("onnxsim"),  # its installed version: no import needed
         "numpy": np.__version__,
     }
 

@@ -1,7 +1,11 @@
 """The recipe schema: what a target wants, validated before anything runs.
 
-A recipe is a YAML file under ``recipes/`` (or any path). Defaults live only here, in the schema;
+A recipe is a YAML file: a target's default recipe (``vitexport/targets/<name>.yaml``, copied to the
+repository's ``recipes/`` for reading), or any path. Defaults live only here, in the schema;
 unknown keys are errors that name the key path and the file (pydantic ``extra="forbid"``).
+:func:`read_recipe` reads and validates a file; :func:`vitexport.targets.load_recipe` resolves a
+target name first and checks the ``target`` against the registry (which this module never imports:
+the registry is handed in as validation context).
 ``--set key.path=value`` overrides are applied to the raw mapping before validation, so they go
 through exactly the same checks as the file.
 
@@ -13,19 +17,17 @@ gives only some of its keys keeps the stage's other gates.
 from __future__ import annotations
 
 import enum
-import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import BadInput
 
 __all__ = [
     "StageName",
     "PASS_STAGES",
-    "TargetKind",
     "CalibrationMethod",
     "LayerNormMode",
     "Exporter",
@@ -33,16 +35,10 @@ __all__ = [
     "ParitySpec",
     "Recipe",
     "STAGE_NAMES",
-    "RECIPES_DIR",
-    "available_recipes",
-    "resolve_recipe_path",
-    "load_recipe",
+    "read_recipe",
     "parse_override",
     "parse_stage",
 ]
-
-RECIPES_DIR = Path(os.environ.get("VITEXPORT_RECIPES", Path(__file__).resolve().parents[1] / "recipes"))
-
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
@@ -64,14 +60,6 @@ class StageName(enum.StrEnum):
 PASS_STAGES: tuple[StageName, ...] = (StageName.freeze_layernorm, StageName.mask_to_where, StageName.fuse_qkv)
 #: every stage name, in pipeline order (the values of :class:`StageName`)
 STAGE_NAMES: tuple[str, ...] = tuple(s.value for s in StageName)
-
-
-class TargetKind(str, enum.Enum):
-    """Where the artifact runs; the quantization rules belong to the kind (see ``quantize.targets``)."""
-
-    orin = "orin"
-    npu = "npu"
-    cpu = "cpu"
 
 
 class CalibrationMethod(str, enum.Enum):
@@ -271,14 +259,14 @@ class QuantizationSpec(_Spec):
     high_precision: Literal["fp16", "fp32"] | None = Field(
         default=None,
         description="type of the Q/DQ model's float parts (LayerNorm, Softmax, GELU, residual Adds): fp16 writes "
-                    "them in float16, FP32 islands kept where calibrated ranges pass float16's; default: fp16 for a "
-                    "strongly typed orin build, fp32 otherwise (npu runs no float16, TensorRT 8 picks per layer)")
+                    "them in float16, FP32 islands kept where calibrated ranges pass float16's; default: the "
+                    "target's (fp16 where the runtime builds what the file says, fp32 otherwise)")
     fp16_samples: int = Field(
         default=16, ge=1, description="calibration samples whose ranges decide the FP32 islands of an fp16 model")
-    equalize: bool = Field(
+    smooth: bool = Field(
         default=True, description="smooth outlier channels into the weights (SmoothQuant), folded into LayerNorms "
                                   "or as an inserted Mul")
-    equalize_alpha: float | None = Field(
+    smooth_alpha: float | None = Field(
         default=None, ge=0.0, le=1.0,
         description="migration strength α; none: searched per site on calibration data (the Linear's output error)")
     smooth_insert: bool = Field(
@@ -288,9 +276,9 @@ class QuantizationSpec(_Spec):
         default=True, description="fold each Linear's mean INT8 output error into its float bias")
     search_rows: int = Field(
         default=512, ge=16, description="activation rows per Linear input sampled for the searches (α, ranges, bias)")
-    equalize_samples: int = Field(
+    smooth_samples: int = Field(
         default=64, ge=1,
-        description="calibration samples whose per-channel maxima set the equalisation factors (the first of the "
+        description="calibration samples whose per-channel maxima set the smoothing factors (the first of the "
                     "seeded draw; the factors only balance channels, so a subset serves and saves a pass over the set)",
     )
     asymmetric_activations: bool = False
@@ -301,11 +289,9 @@ class QuantizationSpec(_Spec):
                                   "attention needs it); false: only Q·Kᵀ is INT8, attn·V runs in the float type")
     fallback: FallbackSpec = FallbackSpec()
     measure_latency: bool = Field(
-        default=True, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio"
-    )
-    strongly_typed: bool = Field(
-        default=True, description="TensorRT 10 strongly typed build (--stronglyTyped); false: TensorRT 8 --int8 --fp16"
-    )
+        default=False, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio; "
+                                   "off by default: two more sessions and seconds per run, and host latency says "
+                                   "little about the target (make bench compares carefully)")
     reduce_range_weights: bool = Field(
         default=False,
         description="7-bit weights (-63..63): x86 CPUs without VNNI saturate int16 sums of u8 x s8 products otherwise",
@@ -321,10 +307,17 @@ class ParityDataSpec(_Spec):
 
 
 class Recipe(_Spec):
-    """A validated recipe. ``name`` is the recipe's name (file stem), ``target`` the rules it follows."""
+    """A validated recipe. ``name`` is the recipe's name (file stem), ``target`` the registered target
+    whose rules it follows (``vitexport targets`` lists them).
+
+    Validated with ``context={"targets": {name: Target class}}`` (what :func:`read_recipe` is given),
+    ``target`` must be one of them and the target's :meth:`~vitexport.targets.Target.check_recipe`
+    must accept the recipe; without a context (a recipe built in Python) the target is checked when
+    the run builds it.
+    """
 
     name: str
-    target: TargetKind
+    target: str = Field(min_length=1)
     description: str = ""
     stages: StagesSpec = StagesSpec()
     export: ExportSpec = ExportSpec()
@@ -334,15 +327,27 @@ class Recipe(_Spec):
     parity: ParitySpec = ParitySpec()
     parity_data: ParityDataSpec = ParityDataSpec()
 
+    @field_validator("target")
+    @classmethod
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        known = _context_targets(info)
+        if known is not None and value not in known:
+            raise ValueError(f"unknown target '{value}'; known targets: {', '.join(known)}")
+        return value
+
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self, info: ValidationInfo) -> "Recipe":
         if self.export.opset > self.contract.max_opset:
             raise ValueError(
                 f"export.opset {self.export.opset} is above contract.max_opset {self.contract.max_opset}"
             )
-        if self.quantization.high_precision == "fp16" and (self.target is TargetKind.npu or self.contract.forbid_float16):
-            raise ValueError("quantization.high_precision: fp16 on a target that runs no float16 "
-                             "(npu, or contract.forbid_float16); use fp32")
+        if self.quantization.high_precision == "fp16" and self.contract.forbid_float16:
+            raise ValueError("quantization.high_precision: fp16 with contract.forbid_float16 (the target runs no "
+                             "float16); use fp32")
+        known = _context_targets(info)
+        problems = known[self.target].check_recipe(self) if known and self.target in known else []
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def tolerance(self, stage: StageName | str) -> Tolerance:
@@ -358,6 +363,11 @@ class Recipe(_Spec):
         return getattr(self.stages, StageName(stage).value, None)
 
 
+def _context_targets(info: ValidationInfo) -> Mapping[str, Any] | None:
+    """The registered targets handed in as validation context, or None."""
+    return (info.context or {}).get("targets") if isinstance(info.context, dict) else None
+
+
 def parse_stage(text: str) -> StageName:
     """``'quantize_int8'`` → ``StageName.quantize_int8``.
 
@@ -368,24 +378,6 @@ def parse_stage(text: str) -> StageName:
         return StageName(text)
     except ValueError:
         raise BadInput(f"unknown stage '{text}'; stages are {', '.join(StageName)}") from None
-
-
-def available_recipes() -> list[str]:
-    """Names of the recipes shipped in ``recipes/`` (``vitexport targets``)."""
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def resolve_recipe_path(target: str) -> Path:
-    """A recipe name (``orin``) or a path to a YAML file → the file. Raises BadInput if neither."""
-    p = Path(target)
-    if p.suffix in {".yaml", ".yml"}:
-        if not p.is_file():
-            raise BadInput(f"recipe file not found: {p}")
-        return p
-    candidate = RECIPES_DIR / f"{target}.yaml"
-    if not candidate.is_file():
-        raise BadInput(f"unknown target '{target}'; known targets: {', '.join(available_recipes())}")
-    return candidate
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -415,12 +407,22 @@ def _apply_override(data: dict, path: list[str], value: Any, source: str) -> Non
     node[path[-1]] = value
 
 
+#: keys a recipe no longer takes, and what says it now (the schema stays strict: the old name is an
+#: error, this only tells the user where it went)
+RENAMED_KEYS = {
+    "quantization.equalize": "quantization.smooth",
+    "quantization.equalize_alpha": "quantization.smooth_alpha",
+    "quantization.equalize_samples": "quantization.smooth_samples",
+    "quantization.strongly_typed": "the target: each TensorRT target builds one way, see vitexport targets",
+}
+
+
 def _format_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     kind = first["type"]
     if kind == "extra_forbidden":
-        msg = "unknown key"
+        msg = f"unknown key (now {RENAMED_KEYS[loc]})" if loc in RENAMED_KEYS else "unknown key"
     elif kind == "enum":
         msg = f"{first['msg'].lower()} (got {first.get('input')!r})"
     else:
@@ -429,19 +431,22 @@ def _format_error(err: ValidationError, source: str) -> str:
     return f"{source}: {loc}: {msg}{more}"
 
 
-def load_recipe(target: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Load, override and validate a recipe.
+def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
+                targets: Mapping[str, Any] | None = None) -> Recipe:
+    """Read, override and validate the recipe file ``path``.
 
     Args:
-        target: a recipe name from ``recipes/`` or a path to a YAML file.
+        path: the YAML file; the recipe's ``name`` defaults to its stem.
         overrides: ``key.path=value`` strings applied before validation.
+        targets: the registered targets (name → Target class): ``target`` must be one of them and
+            its ``check_recipe`` must accept the recipe. :func:`vitexport.targets.load_recipe` gives them.
     Returns:
         The frozen, validated :class:`Recipe`.
     Raises:
-        BadInput: unknown target, unreadable YAML, unknown key, wrong type; the message names the
+        BadInput: unreadable YAML, unknown key, wrong type, unknown target; the message names the
             key path and the file.
     """
-    path = resolve_recipe_path(target)
+    path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -453,6 +458,6 @@ def load_recipe(target: str, overrides: list[str] | tuple[str, ...] = ()) -> Rec
         keys, value = parse_override(text)
         _apply_override(data, keys, value, str(path))
     try:
-        return Recipe.model_validate(data)
+        return Recipe.model_validate(data, context={"targets": targets} if targets is not None else None)
     except ValidationError as err:
         raise BadInput(_format_error(err, str(path))) from None

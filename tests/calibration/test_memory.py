@@ -12,7 +12,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parents[1] / "quantize"))
 from qmodels import export_onnx, tiny_vit  # noqa: E402
 
-from vitexport.quantize.bench import measure_calibration_memory  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))  # ``bench`` is a top-level folder, not part of the package
+from bench.calib_memory import measure_calibration_memory  # noqa: E402
 
 
 @pytest.fixture(scope="module")

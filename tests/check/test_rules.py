@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto
 from planted import linear, save, single_op
 
-from vitexport.check import TENSORRT_8_6, TENSORRT_10_3, check_file, rules_checked, target_rules
+from vitexport.check import check_file, rules_checked
 from vitexport.errors import BadInput
-from vitexport.quantize import OrinTarget
-from vitexport.recipe import TargetKind, available_recipes, load_recipe
+from vitexport.targets import load_target, registered_targets
+from vitexport.targets.tensorrt_ops import TENSORRT_8_6, TENSORRT_10_3
 
 # (id, recipe, overrides, model, {rule: node it names (None: not a node)})
 PLANTED = [
@@ -47,7 +47,7 @@ def _rules_by_node(result) -> dict[str, str | None]:
 
 @pytest.mark.parametrize("case,recipe,overrides,build,expected", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_fault_names_its_rule_and_node(case, recipe, overrides, build, expected, tmp_path):
-    result = check_file(save(build(), tmp_path / f"{case}.onnx"), load_recipe(recipe, overrides))
+    result = check_file(save(build(), tmp_path / f"{case}.onnx"), load_target(recipe, overrides))
     assert not result
     got = _rules_by_node(result)
     assert set(got) == set(expected), result.lines()
@@ -61,38 +61,38 @@ def test_planted_fault_names_its_rule_and_node(case, recipe, overrides, build, e
 
 def test_every_violation_is_listed_not_only_the_first(tmp_path):
     m = linear(zero_point=3, weight_axis=0, consumer="Add")
-    result = check_file(save(m, tmp_path / "m.onnx"), load_recipe("orin"))
+    result = check_file(save(m, tmp_path / "m.onnx"), load_target("orin"))
     assert [(v.rule, v.node) for v in result.violations] == [
         ("orin.int8", "act_q"), ("orin.int8", "act_dq"), ("orin.float_consumer", "act_dq"),
         ("orin.per_channel", "w_dq")]
 
 
-@pytest.mark.parametrize("recipe", available_recipes())
+@pytest.mark.parametrize("recipe", list(registered_targets()))
 def test_clean_float32_qdq_passes_every_target_but_npu_per_tensor(recipe, tmp_path):
-    kind = load_recipe(recipe).target
-    opset = min(load_recipe(recipe).contract.max_opset, 17)
-    m = linear(opset=opset, weight_axis=None if kind is TargetKind.npu else 1)
-    result = check_file(save(m, tmp_path / "m.onnx"), load_recipe(recipe))
+    target = load_target(recipe)
+    opset = min(target.recipe.contract.max_opset, 17)
+    m = linear(opset=opset, weight_axis=None if target.force_per_tensor else 1)
+    result = check_file(save(m, tmp_path / "m.onnx"), load_target(recipe))
     assert result, result.lines()
-    assert result.rules == rules_checked(load_recipe(recipe)) and "onnx.checker" in result.rules
+    assert result.rules == rules_checked(load_target(recipe)) and "onnx.checker" in result.rules
 
 
 def test_orin_takes_float16_qdq_at_opset_19(tmp_path):
     """The orin INT8 files: float16 activations and Q/DQ scales at opset 19 (orin.yaml admits 19)."""
     m = linear(opset=19, dtype=TensorProto.FLOAT16)
-    result = check_file(save(m, tmp_path / "m.onnx"), load_recipe("orin"))
+    result = check_file(save(m, tmp_path / "m.onnx"), load_target("orin"))
     assert result, result.lines()
     # the same file is refused where float16 is (npu), and by TensorRT 8.6 (orin-jp5) for its opset
-    npu = check_file(tmp_path / "m.onnx", load_recipe("npu", ["contract.max_opset=19"]))
+    npu = check_file(tmp_path / "m.onnx", load_target("npu", ["contract.max_opset=19"]))
     assert {"contract.forbid_float16", "npu.per_tensor"} <= {v.rule for v in npu.violations}
-    jp5 = check_file(tmp_path / "m.onnx", load_recipe("orin-jp5"))
+    jp5 = check_file(tmp_path / "m.onnx", load_target("orin-jp5"))
     assert {v.rule for v in jp5.violations} == {"contract.max_opset", "tensorrt.opset"}
 
 
 def test_bad_axis_outside_the_rank(tmp_path):
     m = linear(weight_axis=0)
     m.graph.node[2].attribute[0].i = 2  # weight DQ: axis 2 of a 2-D weight
-    rules = {v.rule: v for v in check_file(save(m, tmp_path / "m.onnx"), load_recipe("cpu")).violations}
+    rules = {v.rule: v for v in check_file(save(m, tmp_path / "m.onnx"), load_target("cpu")).violations}
     assert rules["qdq.axis"].node == "w_dq" and "outside its rank-2 input" in rules["qdq.axis"].problem
 
 
@@ -104,7 +104,7 @@ def test_integer_path_is_never_quantized(tmp_path):
     m.graph.node[0].CopyFrom(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="ids_q"))
     m.graph.node.append(helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="ids_dq"))
     m.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
-    result = check_file(save(m, tmp_path / "m.onnx"), load_recipe("cpu"))
+    result = check_file(save(m, tmp_path / "m.onnx"), load_target("cpu"))
     assert [(v.rule, v.node) for v in result.violations] == [("qdq.integer_path", "ids_q")]
 
 
@@ -115,18 +115,18 @@ def test_shared_pairs_break_orin_but_not_cpu(tmp_path):
     m.graph.node.append(helper.make_node("MatMul", ["x_dq", "w"], ["y2"], name="mm2"))
     m.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 4, 6]))
     path = save(m, tmp_path / "m.onnx")
-    assert [(v.rule, v.node) for v in check_file(path, load_recipe("orin")).violations] == [
+    assert [(v.rule, v.node) for v in check_file(path, load_target("orin")).violations] == [
         ("orin.dedicated_pairs", "act_dq")]
-    assert check_file(path, load_recipe("cpu"))
+    assert check_file(path, load_target("cpu"))
 
 
 def test_quantizer_validation_is_the_same_checker(tmp_path):
-    """``QuantTarget.validate`` returns the checker's Violations for the target's rules."""
+    """``Target.validate`` returns the checker's Violations for the target's rules."""
     model = ir.from_proto(linear(zero_point=3))
-    problems = OrinTarget(load_recipe("orin").quantization).validate(model)
-    assert problems == target_rules("orin").violations(model)
+    problems = load_target("orin").validate(model)
+    assert problems == load_target("orin").rules().violations(model)
     assert [p.rule for p in problems] == ["orin.int8", "orin.int8"] and "zero point 3" in str(problems[0])
-    assert OrinTarget(load_recipe("orin").quantization).validate(ir.from_proto(linear())) == []
+    assert load_target("orin").validate(ir.from_proto(linear())) == []
 
 
 def test_tensorrt_op_lists():
@@ -143,9 +143,9 @@ def test_tensorrt_op_lists():
 def test_unreadable_file_is_bad_input(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all")
     with pytest.raises(BadInput, match="junk.onnx"):
-        check_file(tmp_path / "junk.onnx", load_recipe("orin"))
+        check_file(tmp_path / "junk.onnx", load_target("orin"))
     with pytest.raises(BadInput, match="no such ONNX file"):
-        check_file(tmp_path / "absent.onnx", load_recipe("orin"))
+        check_file(tmp_path / "absent.onnx", load_target("orin"))
 
 
 def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
@@ -156,8 +156,8 @@ def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
 
     src = save(single_op("Det", opset=11, shape=(2, 3, 3)), tmp_path / "model.raw.onnx")
     with pytest.raises(ContractViolation) as err:
-        simplify_onnx(src, tmp_path / "model.fp32.onnx", load_recipe("orin"))
+        simplify_onnx(src, tmp_path / "model.fp32.onnx", load_target("orin"))
     assert str(err.value).startswith("model.fp32.onnx: node 'the_det' (Det) has no importer in TensorRT 10.3")
     assert "[tensorrt.ops]" in str(err.value)
-    assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_recipe("orin")).violations]
+    assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_target("orin")).violations]
     assert not (tmp_path / "model.fp32.onnx").exists()

@@ -11,6 +11,9 @@ import timm
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from vitexport.parity.metrics import CompareResult, compare
+from vitexport.recipe import Tolerance
+from vitexport.runners import OnnxRuntimeRunner, TorchRunner
 from vitexport.sources.base import OutputAdapter
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "run_ort",
     "op_counts",
     "make_graph_model",
+    "onnx_parity",
 ]
 
 # Small but real: every block type, shifted windows for Swin, rope + SwiGLU for EVA-02.
@@ -150,3 +154,19 @@ def make_graph_model(
     model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=imports)
     model.ir_version = 8
     return model
+
+
+def onnx_parity(model: torch.nn.Module, example_inputs: dict[str, torch.Tensor], onnx_path: str | Path,
+                tolerance: Tolerance, feeds=None) -> CompareResult:
+    """Run ``model`` (torch) and ``onnx_path`` (ONNX Runtime) on the same feeds and compare them.
+
+    The pipeline gates each stage against its golden reference itself; the export tests hold a
+    module and a file and compare them directly. ``feeds`` are batches of name -> array at the
+    exported batch size (default: the example inputs).
+    """
+    batches = list(feeds) if feeds is not None else [{k: v.detach().cpu().numpy() for k, v in example_inputs.items()}]
+    with TorchRunner(model, example_inputs, name="torch") as ref_runner:
+        ref = ref_runner.infer_batches(batches)["output"]
+    with OnnxRuntimeRunner(Path(onnx_path), name="onnxruntime") as ort_runner:
+        out = ort_runner.infer_batches(batches)["output"]
+    return compare(ref, out, tolerance)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from export_helpers import adapter, feeds, image, leftovers, make_graph_model, op_counts, tiny_timm
+from export_helpers import adapter, feeds, image, leftovers, make_graph_model, onnx_parity, op_counts, tiny_timm
 from onnx import TensorProto, helper
 
 from vitexport.errors import BadInput, ContractViolation
-from vitexport.export import check_contract, export_onnx, onnx_parity, simplify_onnx
-from vitexport.recipe import Tolerance, available_recipes, load_recipe
+from vitexport.export import check_contract, export_onnx, simplify_onnx
+from vitexport.recipe import Tolerance
+from vitexport.targets import build_target, load_recipe, load_target, registered_targets
 
 _NOT_LISTED = ["Exp", "Log", "Abs", "Tanh"]
 
@@ -22,7 +23,7 @@ def _rules(target: str) -> list[str]:
     return rules
 
 
-CASES = [(t, r) for t in available_recipes() for r in _rules(t)]
+CASES = [(t, r) for t in list(registered_targets()) for r in _rules(t)]
 
 
 def _violating_model(target: str, rule: str) -> tuple[onnx.ModelProto, str, str]:
@@ -65,7 +66,7 @@ def test_every_recipe_contract_violated_once(target, rule, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     with pytest.raises(ContractViolation) as err:
-        simplify_onnx(src, out_dir / "model.fp32.onnx", load_recipe(target))
+        simplify_onnx(src, out_dir / "model.fp32.onnx", load_target(target))
     msg = str(err.value)
     assert msg.startswith("model.fp32.onnx: ")
     assert f"contract.{rule}" in msg and f"recipes/{target}.yaml" in msg and "; hint: " in msg
@@ -85,7 +86,7 @@ def test_erf_on_npu_names_node_key_and_tanh_hint(tmp_path):
     recipe = load_recipe("npu", strict)
     export_onnx(model, inputs, tmp_path / "raw.onnx", recipe.export)
     with pytest.raises(ContractViolation) as err:
-        simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", recipe)
+        simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", build_target(recipe))
     msg = str(err.value)
     assert msg.startswith("model.fp32.onnx: node '/model/model/blocks/blocks.0/mlp/act/Erf' (Erf) not in "
                           "contract.allowed_ops of recipes/npu.yaml; hint: use the tanh GELU approximation "
@@ -96,12 +97,12 @@ def test_erf_on_npu_names_node_key_and_tanh_hint(tmp_path):
 
     tanh = load_recipe("npu", [*strict, "export.gelu_approximation=tanh"])
     export_onnx(model, inputs, tmp_path / "raw.onnx", tanh.export)
-    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", tanh)
+    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", build_target(tanh))
     ops_after = op_counts(tmp_path / "model.fp32.onnx")
     assert "Erf" not in ops_after and "Pow" not in ops_after and ops_after["Tanh"] == 2
     # The approximation changes outputs slightly; it is a different function, not a broken one.
     res = onnx_parity(model, inputs, tmp_path / "model.fp32.onnx", Tolerance(max_abs=1e-2, cosine_min=0.9999), feeds(size))
-    assert res, res.first_failure
+    assert res, res.failed_check
 
 
 def test_orin_jp5_without_decomposition_is_refused_for_pow(tmp_path):
@@ -110,7 +111,7 @@ def test_orin_jp5_without_decomposition_is_refused_for_pow(tmp_path):
     model, size = tiny_timm("vit")
     export_onnx(adapter(model), image(size), tmp_path / "raw.onnx", recipe.export)
     with pytest.raises(ContractViolation) as err:
-        simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", recipe)
+        simplify_onnx(tmp_path / "raw.onnx", tmp_path / "model.fp32.onnx", build_target(recipe))
     assert "(Pow) is in contract.forbidden_ops of recipes/orin-jp5.yaml" in str(err.value)
     assert "export.decompose_layernorm=true" in str(err.value)
     assert leftovers(tmp_path) == ["raw.onnx"]
@@ -119,11 +120,11 @@ def test_orin_jp5_without_decomposition_is_refused_for_pow(tmp_path):
 def test_check_contract_runs_the_onnx_checker():
     model = make_graph_model("NotAnOnnxOp", opset=17)
     with pytest.raises(ContractViolation, match="fails the ONNX checker"):
-        check_contract(model, load_recipe("orin"), artifact="model.fp32.onnx")
-    check_contract(make_graph_model("Relu", opset=17), load_recipe("orin"))  # a valid graph passes
+        check_contract(model, load_target("orin"), artifact="model.fp32.onnx")
+    check_contract(make_graph_model("Relu", opset=17), load_target("orin"))  # a valid graph passes
 
 
 def test_recipe_path_and_custom_recipe_names(tmp_path):
     model = make_graph_model("Exp", opset=13)
     with pytest.raises(ContractViolation, match=r"of my/npu\.yaml; hint"):
-        check_contract(model, load_recipe("npu"), "my/npu.yaml")
+        check_contract(model, load_target("npu"), "my/npu.yaml")

@@ -13,7 +13,7 @@ from vitexport.export.opset import convert_opset
 from vitexport.export.rewrites import ExportRewrites
 from vitexport.errors import BadInput
 from vitexport.export import simplify_onnx
-from vitexport.recipe import load_recipe
+from vitexport.targets import load_recipe, load_target
 
 
 def _matmul_model() -> onnx.ModelProto:
@@ -44,7 +44,7 @@ def test_simplify_holds_weights_aside_and_puts_the_same_bytes_back(tmp_path):
 
     onnxsim.simplify = spy
     try:
-        rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", load_recipe("orin"))
+        rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", load_target("orin"))
     finally:
         onnxsim.simplify = real
     assert seen and "w" not in seen[0][0] and "w" in seen[0][1]
@@ -59,7 +59,7 @@ def test_simplify_holds_weights_aside_and_puts_the_same_bytes_back(tmp_path):
 def test_simplify_refuses_what_is_not_onnx(content, tmp_path):
     (tmp_path / "bad.onnx").write_bytes(content)
     with pytest.raises(BadInput, match="bad.onnx"):
-        simplify_onnx(tmp_path / "bad.onnx", tmp_path / "out.onnx", load_recipe("orin"))
+        simplify_onnx(tmp_path / "bad.onnx", tmp_path / "out.onnx", load_target("orin"))
     assert not (tmp_path / "out.onnx").exists()
 
 

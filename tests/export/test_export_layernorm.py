@@ -10,7 +10,7 @@ from export_helpers import adapter, float16_storage, image, op_counts, run_ort, 
 
 from vitexport.export import export_onnx, simplify_onnx
 from vitexport.export.layernorm import decomposed_layer_norm
-from vitexport.recipe import load_recipe
+from vitexport.targets import build_target, load_recipe
 
 
 @pytest.mark.parametrize("fp16_safe", [True, False])
@@ -51,7 +51,7 @@ def _fp16_outputs(target: str, tmp_path, **export_overrides) -> dict[str, np.nda
     hook.remove()
     assert peak[0] > 900  # the activations the LayerNorms see really reach |x| ≈ 1000
     export_onnx(adapter(model), inputs, tmp_path / "raw.onnx", spec)
-    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)
+    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))
     ops = op_counts(tmp_path / "fp32.onnx")
     assert "LayerNormalization" not in ops and "Pow" not in ops
     fp32 = onnx.load(str(tmp_path / "fp32.onnx"))

@@ -10,7 +10,7 @@ from export_helpers import op_counts, run_ort
 
 from vitexport.export import export_onnx, simplify_onnx
 from vitexport.export.lowering import bool_and, bool_or, cumsum_as_matmul, gather_as_matmul
-from vitexport.recipe import load_recipe
+from vitexport.targets import build_target, load_recipe
 
 G = torch.Generator().manual_seed(0)
 
@@ -87,4 +87,4 @@ def test_index_plumbing_passes_the_npu_contract(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         export_onnx(Plumbing().eval(), inputs, tmp_path / "raw.onnx", recipe.export, contract=recipe.contract)
-    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)  # raises on a contract violation
+    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))  # raises on a contract violation

@@ -9,11 +9,11 @@ import textwrap
 import onnx
 import pytest
 import torch
-from export_helpers import adapter, feeds, image, leftovers, op_counts, tiny_timm
+from export_helpers import adapter, feeds, image, leftovers, onnx_parity, op_counts, tiny_timm
 
 from vitexport.errors import BadInput
-from vitexport.export import export_onnx, onnx_parity, simplify_onnx
-from vitexport.recipe import available_recipes, load_recipe
+from vitexport.export import export_onnx, simplify_onnx
+from vitexport.targets import build_target, load_recipe, registered_targets
 
 
 def _static_dims(model: onnx.ModelProto) -> list[list[int]]:
@@ -24,7 +24,7 @@ def _sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("target", available_recipes())
+@pytest.mark.parametrize("target", list(registered_targets()))
 def test_every_recipe_exports_static_graph_with_parity(target, tmp_path):
     recipe = load_recipe(target)
     model, size = tiny_timm("vit")
@@ -35,7 +35,7 @@ def test_every_recipe_exports_static_graph_with_parity(target, tmp_path):
     rep = export_onnx(model, inputs, raw, recipe.export)
     assert rep.exporter == "torchscript" and rep.opset == recipe.export.opset
     assert rep.to_dict()["exporter"] == "torchscript" and rep.notes
-    srep = simplify_onnx(raw, fp32, recipe)
+    srep = simplify_onnx(raw, fp32, build_target(recipe))
     assert srep.nodes_after < srep.nodes_before and srep.to_dict()["contract"] == "holds"
 
     for path in (raw, fp32):
@@ -45,7 +45,7 @@ def test_every_recipe_exports_static_graph_with_parity(target, tmp_path):
         assert _static_dims(m) == [[2, 3, size, size], [2, 10]]
         # The pipeline gates with the recipe's tolerance; measure it here on other inputs than the example.
         res = onnx_parity(model, inputs, path, recipe.tolerance("export_onnx"), feeds(size))
-        assert res, res.first_failure
+        assert res, res.failed_check
     ops = op_counts(fp32)
     assert "Attention" not in ops and ops["Softmax"] == 2  # explicit attention, one per block
     assert ("LayerNormalization" in ops) != recipe.export.decompose_layernorm
@@ -59,10 +59,10 @@ def test_eva02_and_swin_export_with_parity(kind, target, tmp_path):
     model, size = tiny_timm(kind)
     inputs = image(size, batch=1)
     rep = export_onnx(model, inputs, tmp_path / "raw.onnx", recipe.export)
-    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)
+    simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))
     for name in ("raw.onnx", "fp32.onnx"):
         res = onnx_parity(model, inputs, tmp_path / name, recipe.tolerance("simplify"), feeds(size, batch=1))
-        assert res, (name, res.first_failure, rep.notes)
+        assert res, (name, res.failed_check, rep.notes)
     if recipe.export.decompose_layernorm:
         assert "LayerNormalization" not in op_counts(tmp_path / "fp32.onnx")
 
@@ -72,10 +72,10 @@ def _export_in_subprocess_script(target: str, out: str) -> str:
         import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
         from export_helpers import adapter, image, tiny_timm
         from vitexport.export import export_onnx, simplify_onnx
-        from vitexport.recipe import load_recipe
+        from vitexport.targets import build_target, load_recipe
         r = load_recipe({target!r}); m, s = tiny_timm("vit")
         export_onnx(adapter(m), image(s), {out!r} + "/raw.onnx", r.export)
-        simplify_onnx({out!r} + "/raw.onnx", {out!r} + "/fp32.onnx", r)
+        simplify_onnx({out!r} + "/raw.onnx", {out!r} + "/fp32.onnx", build_target(r))
     """)
 
 
@@ -83,7 +83,7 @@ def _export_and_simplify(target: str, d) -> tuple[str, str]:
     recipe = load_recipe(target)
     model, size = tiny_timm("vit")  # a fresh model each time, same seed
     export_onnx(adapter(model), image(size), d / "raw.onnx", recipe.export)
-    simplify_onnx(d / "raw.onnx", d / "fp32.onnx", recipe)
+    simplify_onnx(d / "raw.onnx", d / "fp32.onnx", build_target(recipe))
     return _sha(d / "raw.onnx"), _sha(d / "fp32.onnx")
 
 
@@ -120,7 +120,7 @@ def test_falls_back_to_dynamo_and_says_so(tmp_path):
     assert next(o.version for o in m.opset_import if o.domain == "") == 13
     assert _static_dims(m) == [[2, 3, size, size], [2, 10]]
     res = onnx_parity(model, inputs, tmp_path / "raw.onnx", recipe.tolerance("export_onnx"), feeds(size))
-    assert res, res.first_failure
+    assert res, res.failed_check
 
 
 class _Unexportable(torch.nn.Module):
@@ -141,7 +141,7 @@ def test_simplify_off_still_checks_the_contract(tmp_path):
     recipe = load_recipe("orin-jp5", ["export.simplify=false"])
     model, size = tiny_timm("vit")
     rep = export_onnx(adapter(model), image(size), tmp_path / "raw.onnx", recipe.export)
-    srep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", recipe)
+    srep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", build_target(recipe))
     assert not srep.simplified and srep.nodes_after == srep.nodes_before and rep.exporter == "torchscript"
     assert onnx_parity(adapter(model), image(size), tmp_path / "fp32.onnx", recipe.tolerance("simplify"))
 

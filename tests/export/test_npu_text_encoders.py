@@ -16,7 +16,7 @@ import torch
 
 from vitexport.calibration.data import NpzSamples
 from vitexport.pipeline import run_pipeline
-from vitexport.recipe import load_recipe
+from vitexport.targets import build_target, load_recipe
 from vitexport.sources import OutputAdapter
 from vitexport.sources.base import LoadedModel
 
@@ -53,7 +53,7 @@ def test_text_encoder_passes_the_npu_recipe(kind, tmp_path):
     recipe = load_recipe("npu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arts = run_pipeline(model, recipe, tmp_path / "out", calib=_tokens(48, 0), parity_data=_tokens(16, 1))
+        arts = run_pipeline(model, build_target(recipe), tmp_path / "out", calib=_tokens(48, 0), parity_data=_tokens(16, 1))
     assert arts.passed
     fp32 = onnx.load(str(arts.files["model.fp32.onnx"]))
     ops = Counter(n.op_type for n in fp32.graph.node)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from parity_models import TinyTextEncoder, export, image_batches, text_batches, tiny_vit
-from vitexport.engines import TorchRunner
+from vitexport.runners import TorchRunner
 from vitexport.parity import capture_reference
 
 

@@ -241,7 +241,7 @@ def tensors_by_pattern(model: onnx.ModelProto, op_type: str, name_contains: str 
 
 def calibrate_absmax(model_path: Path, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """Largest |value| of each tensor over the feeds (a minmax calibration)."""
-    from vitexport.engines.sessions import Session
+    from vitexport.runners.sessions import Session
 
     sess = Session(model_path, outputs=tensors)
     amax = {t: 0.0 for t in tensors}

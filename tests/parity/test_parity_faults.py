@@ -29,7 +29,7 @@ from parity_models import (
     tensors_by_pattern,
     tiny_vit,
 )
-from vitexport.engines import OnnxRuntimeRunner, TorchRunner
+from vitexport.runners import OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import ParityFailure
 from vitexport.parity import (
     ParityRun,
@@ -41,9 +41,9 @@ from vitexport.parity import (
     localize_layers,
     write_reports,
 )
-from vitexport.recipe import Recipe, TargetKind
+from vitexport.recipe import Recipe
 
-RECIPE = Recipe(name="test", target=TargetKind.orin)  # the schema's default tolerances
+RECIPE = Recipe(name="test", target="orin")  # the schema's default tolerances
 
 
 def _torch_stage(stage, module, reference, example, **kw):

@@ -39,7 +39,7 @@ def test_nonfinite_is_infinite_never_nan():
     m = compute_metrics(ref, out)
     assert m.nonfinite == 1 and m.max_abs == math.inf and m.snr_db == -math.inf and m.cosine_min == -1.0
     res = compare(ref, out, Tolerance(max_abs=1e-3))
-    assert not res and res.first_failure.metric == "nonfinite"
+    assert not res and res.failed_check.metric == "nonfinite"
 
 
 def test_compare_gates_each_metric():
@@ -48,7 +48,7 @@ def test_compare_gates_each_metric():
     assert compare(ref, out, Tolerance(max_abs=1e-2))
     res = compare(ref, out, Tolerance(max_abs=1e-6, cosine_min=0.9))
     assert not res and [c.metric for c in res.checks] == ["max_abs/ref_scale", "cosine_min"]
-    assert res.first_failure.metric == "max_abs/ref_scale" and res.checks[1].passed
+    assert res.failed_check.metric == "max_abs/ref_scale" and res.checks[1].passed
     absolute = compare(ref, out, Tolerance(max_abs=2e-3, relative=False))
     assert absolute and absolute.checks[0].metric == "max_abs"
     d = res.to_dict()
@@ -60,7 +60,7 @@ def test_accuracy_drop_and_exact_unmasked():
     out = ref.copy()
     out[0] = np.eye(1, 6, 5) * 5
     res = compare(ref, out, Tolerance(accuracy_drop=0.1), labels=np.arange(4))
-    assert not res and res.first_failure.metric == "accuracy_drop" and res.first_failure.value == pytest.approx(0.25)
+    assert not res and res.failed_check.metric == "accuracy_drop" and res.failed_check.value == pytest.approx(0.25)
     mask = np.zeros_like(ref, dtype=bool)
     mask[1:] = True  # only rows 1.. must match exactly
     res = compare(ref, out, Tolerance(max_abs=1.0, exact_unmasked=True), unmasked=mask)
@@ -117,7 +117,7 @@ def test_top1_near_ties_do_not_fail_a_close_export():
     assert [c.metric for c in res.checks] == ["cosine_min", "top1_agreement_gated"]
     # z = 0 is the raw gate
     raw = compare(ref, out, Tolerance(cosine_min=0.998, top1_agreement=0.9, top1_margin_z=0.0))
-    assert not raw and raw.first_failure.metric == "top1_agreement_gated" and raw.metrics.top1_near_ties == 0
+    assert not raw and raw.failed_check.metric == "top1_agreement_gated" and raw.metrics.top1_near_ties == 0
 
 
 def test_confident_predictions_that_flip_fail_the_top1_gate():
@@ -134,7 +134,7 @@ def test_confident_predictions_that_flip_fail_the_top1_gate():
     res = compare(ref, out, Tolerance(top1_agreement=0.9))
     m = res.metrics
     assert m.top1_near_ties == 0 and m.top1_agreement_gated == m.top1_agreement == pytest.approx(1 - flip.mean())
-    assert not res and res.first_failure.metric == "top1_agreement_gated"
+    assert not res and res.failed_check.metric == "top1_agreement_gated"
 
 
 def test_nonfinite_rows_always_count_as_top1_disagreements():

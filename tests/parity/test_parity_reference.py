@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitexport.engines import TorchRunner
+from vitexport.runners import TorchRunner
 from vitexport.errors import BadInput
 from vitexport.parity import GoldenReference, capture_reference
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from parity_models import swap_qk
-from vitexport.engines import OnnxRuntimeRunner, TorchRunner
+from vitexport.runners import OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import BadInput
 from vitexport.parity import (
     Check,
@@ -26,9 +26,9 @@ from vitexport.parity import (
     render_reports,
     write_reports,
 )
-from vitexport.recipe import Recipe, StageName, TargetKind
+from vitexport.recipe import Recipe, StageName
 
-RECIPE = Recipe(name="test", target=TargetKind.orin)
+RECIPE = Recipe(name="test", target="orin")
 
 
 @pytest.fixture(scope="module")

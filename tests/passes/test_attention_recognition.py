@@ -12,7 +12,7 @@ from vitexport.parity.metrics import compare
 from vitexport.passes import fuse_qkv, mask_to_where
 from vitexport.passes._probe import probe_inputs
 from vitexport.passes.attention import fuse_projections, find_patterns
-from vitexport.passes.attention.observe import observe
+from vitexport.passes.attention.observation import observe
 from vitexport.recipe import Tolerance
 from vitexport.sources import OutputAdapter
 

@@ -61,7 +61,7 @@ def test_fold_and_fusion_parity(family_run):
             if unmasked is not None:  # padded positions after mask_to_where may differ (fully masked rows)
                 ref, out = ref[unmasked], out[unmasked]
             result = compare(ref, out, FOLD_TOL)
-            assert result, (name, i, result.first_failure)
+            assert result, (name, i, result.failed_check)
 
 
 def test_mask_to_where_exact_on_unmasked(family_run):
@@ -73,7 +73,7 @@ def test_mask_to_where_exact_on_unmasked(family_run):
         ref, out = _outputs(before, case, i), _outputs(model, case, i)
         unmasked = case.unmasked(inputs, ref) if case.unmasked else np.ones(ref.shape, bool)
         result = compare(ref, out, MASK_TOL, unmasked=unmasked)
-        assert result, (i, result.first_failure)
+        assert result, (i, result.failed_check)
         assert np.isfinite(out).all()
         if case.name in BIT_EXACT:
             assert np.array_equal(ref[unmasked], out[unmasked]), i
@@ -101,7 +101,7 @@ def test_onnx_parity(family_run):
         got = run_onnx(proto, inputs)
         unmasked = case.unmasked(inputs, ref) if case.unmasked else None
         result = compare(ref[unmasked] if unmasked is not None else ref, got[unmasked] if unmasked is not None else got, EXPORT_TOL)
-        assert result, (i, result.first_failure)
+        assert result, (i, result.failed_check)
         # and the graph computes exactly what the rewritten module computes, masked rows included
         assert compare(_outputs(family_run.final, case, i), got, EXPORT_TOL)
 

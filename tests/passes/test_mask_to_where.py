@@ -62,7 +62,7 @@ def test_variant_counts_and_parity(variant):
         # gives them zero weights, -inf masks give NaN, the where gives a uniform row): the
         # contract is on unmasked positions, so the gate is taken there.
         result = compare(ref[unmasked], out[unmasked], MASK_TOL)
-        assert result, (i, result.first_failure)
+        assert result, (i, result.failed_check)
         assert np.isfinite(out).all()
 
 

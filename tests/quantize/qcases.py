@@ -6,14 +6,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitexport.recipe import load_recipe
+from vitexport.targets import Target, load_target
 
-FAST = ["quantization.measure_latency=false", "calibration.reuse=false"]
+FAST = ["calibration.reuse=false"]
 
 
-def recipe(name: str, *overrides: str):
-    """A shipped recipe with the test defaults (no latency timing, no table reuse) and overrides."""
-    return load_recipe(name, [*FAST, *overrides])
+def target(name: str, *overrides: str) -> Target:
+    """A registered target on its own recipe, with the test defaults (no table reuse) and overrides."""
+    return load_target(name, [*FAST, *overrides])
 
 
 class Case:

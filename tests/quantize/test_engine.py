@@ -1,4 +1,4 @@
-"""Orin artifacts: build_engine.sh (always) and a TensorRT engine (only where TensorRT and a GPU are)."""
+"""The TensorRT targets' artifacts: build_engine.sh (always) and a TensorRT engine (only where TensorRT and a GPU are)."""
 from __future__ import annotations
 
 import os
@@ -7,16 +7,17 @@ import subprocess
 
 import pytest
 
-from qcases import recipe
-from vitexport.engines import tensorrt_available
+from qcases import target
+from vitexport.runners import tensorrt_available
 from vitexport.errors import BadInput
-from vitexport.quantize import build_engine, quantize_int8, write_engine_script
+from vitexport.quantize import quantize_int8
+from vitexport.targets.tensorrt_engine import build_engine, write_engine_script
 
 
 def test_engine_script_tensorrt10(tmp_path):
     onnx_path = tmp_path / "model.int8.onnx"
     onnx_path.write_bytes(b"")
-    script = write_engine_script(onnx_path, tmp_path / "build_engine.sh", recipe("orin"))
+    script = write_engine_script(onnx_path, tmp_path / "build_engine.sh", target("orin"))
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash")
     assert "--onnx=model.int8.onnx" in text and "--stronglyTyped" in text and "--saveEngine=model.int8.plan" in text
@@ -27,7 +28,7 @@ def test_engine_script_tensorrt10(tmp_path):
 
 
 def test_engine_script_tensorrt8_for_jetpack5(tmp_path):
-    script = write_engine_script(tmp_path / "out" / "model.int8.onnx", tmp_path / "build_engine.sh", recipe("orin-jp5"))
+    script = write_engine_script(tmp_path / "out" / "model.int8.onnx", tmp_path / "build_engine.sh", target("orin-jp5"))
     text = script.read_text()
     assert "--stronglyTyped" not in text and "--int8 --fp16" in text
     assert "--onnx=out/model.int8.onnx" in text and "--saveEngine=out/model.int8.plan" in text
@@ -38,7 +39,7 @@ def test_engine_script_runs_trtexec_from_path(tmp_path):
     fake.mkdir()
     (fake / "trtexec").write_text('#!/usr/bin/env bash\necho "ARGS $*"\n')
     (fake / "trtexec").chmod(0o755)
-    script = write_engine_script(tmp_path / "model.int8.onnx", tmp_path / "build_engine.sh", recipe("orin"))
+    script = write_engine_script(tmp_path / "model.int8.onnx", tmp_path / "build_engine.sh", target("orin"))
     res = subprocess.run([str(script), "--verbose"], capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
     assert res.returncode == 0
@@ -58,11 +59,11 @@ def test_build_engine_without_tensorrt_is_a_clean_error(tmp_path):
 def test_build_engine_with_tensorrt(vit17, tmp_path):  # pragma: no cover - needs TensorRT
     import numpy as np
 
-    from vitexport.engines import TensorRTRunner
+    from vitexport.runners import TensorRTRunner
     from vitexport.parity.metrics import compute_metrics
 
     out = tmp_path / "model.int8.onnx"
-    quantize_int8(vit17.path, out, vit17.calib, recipe("orin", "quantization.fallback.enabled=false"), tmp_path)
+    quantize_int8(vit17.path, out, vit17.calib, target("orin", "quantization.fallback.enabled=false"), tmp_path)
     plan = build_engine(out, tmp_path / "model.int8.plan")
     assert plan.stat().st_size > 0
     with TensorRTRunner(plan) as r:

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from qcases import recipe
+from qcases import target
 from qgraph import load
 from qmodels import export_onnx
 from vitexport.calibration import random_samples
-from vitexport.engines.sessions import QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.graph.query import opset_version
 from vitexport.parity.metrics import compute_metrics
 from vitexport.quantize import quantize_int8
@@ -54,7 +54,7 @@ def _run(path, feeds):
 @pytest.mark.slow
 def test_orin_int8_is_fp16_with_types_kept_at_the_boundary(vit17, tmp_path):
     out = tmp_path / "m.onnx"
-    rep = quantize_int8(vit17.path, out, vit17.calib, recipe("orin", NO_FALLBACK), tmp_path)
+    rep = quantize_int8(vit17.path, out, vit17.calib, target("orin", NO_FALLBACK), tmp_path)
     m = load(out)
     assert opset_version(m) >= 19 and rep.precision["high_precision"] == "fp16"
     assert [v.dtype for v in m.graph.inputs] == [ir.DataType.FLOAT] and [v.dtype for v in m.graph.outputs] == [ir.DataType.FLOAT]
@@ -67,7 +67,7 @@ def test_orin_int8_is_fp16_with_types_kept_at_the_boundary(vit17, tmp_path):
     assert c >= 0.99, c
     # the float parts computed in float16 really differ from the FP32 file's (the gate sees FP16 arithmetic)
     fp32 = quantize_int8(vit17.path, tmp_path / "f.onnx", vit17.calib,
-                         recipe("orin", NO_FALLBACK, "quantization.high_precision=fp32"), tmp_path / "f")
+                         target("orin", NO_FALLBACK, "quantization.high_precision=fp32"), tmp_path / "f")
     assert fp32.precision["fp16_bytes"] == 0
     assert not np.array_equal(_run(out, vit17.feeds[:2]), _run(tmp_path / "f.onnx", vit17.feeds[:2]))
 
@@ -76,7 +76,7 @@ def test_planted_overflow_keeps_its_island_in_fp32(tmp_path):
     path, ex, feeds, ref = _case(tmp_path, hot=1e5)
     calib = random_samples(ex, 40, seed=0)
     out = tmp_path / "hot.int8.onnx"
-    rep = quantize_int8(path, out, calib, recipe("orin", NO_FALLBACK), tmp_path)
+    rep = quantize_int8(path, out, calib, target("orin", NO_FALLBACK), tmp_path)
     islands = rep.precision["fp32_islands"]
     assert islands, "the 1e5 activations must keep their producer and readers in FP32"
     assert any("LayerNorm" in why for why in islands.values())
@@ -116,7 +116,7 @@ def test_mask_fill_becomes_float16s_minimum_and_softmax_stays_fp16():
 @pytest.mark.slow
 def test_precision_summary_counts_int8_macs_and_fp16_bytes(vit17, tmp_path):
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
-                        recipe("orin", NO_FALLBACK, "quantization.quantize_attention_matmuls=false"), tmp_path)
+                        target("orin", NO_FALLBACK, "quantization.quantize_attention_matmuls=false"), tmp_path)
     s = precision_summary(load(tmp_path / "m.onnx"))
     assert 0 < s["int8_gemm_macs_share"] < 1 and s["float_gemm_macs"] > 0  # attention's MatMuls stay float
     assert s == {k: v for k, v in rep.precision.items() if k in s}
@@ -126,4 +126,4 @@ def test_npu_refuses_fp16_float_parts():
     from vitexport.errors import BadInput
 
     with pytest.raises(BadInput, match="high_precision"):
-        recipe("npu", "quantization.high_precision=fp16")
+        target("npu", "quantization.high_precision=fp16")

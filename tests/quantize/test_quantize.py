@@ -8,16 +8,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from qcases import recipe
+from qcases import target
 from vitexport.calibration import NpzSamples
 from vitexport.calibration.table import read_trt_cache, scale_to_hex
 from vitexport.parity.metrics import compute_metrics
 from qgraph import consumers, load
-from vitexport.engines.sessions import Session
+from vitexport.runners.sessions import Session
 from vitexport.quantize import quantize_int8
 from vitexport.quantize.quantizer import prepare_model
 from vitexport.quantize.smooth import SmoothPass, compute_factors, find_sites
-from vitexport.quantize.targets import get_target
 
 NO_FALLBACK = "quantization.fallback.enabled=false"
 
@@ -36,18 +35,18 @@ def _cosine(case, path) -> float:
 def test_outlier_vit_reaches_cosine_099_with_equalisation(outlier_vit, outlier_vit13, tmp_path, name):
     case = outlier_vit if name == "orin" else outlier_vit13
     plain = quantize_int8(case.path, tmp_path / "plain.onnx", case.calib,
-                          recipe(name, NO_FALLBACK, "quantization.equalize=false"), tmp_path / "plain")
-    eq = quantize_int8(case.path, tmp_path / "eq.onnx", case.calib, recipe(name, NO_FALLBACK), tmp_path / "eq")
+                          target(name, NO_FALLBACK, "quantization.smooth=false"), tmp_path / "plain")
+    eq = quantize_int8(case.path, tmp_path / "eq.onnx", case.calib, target(name, NO_FALLBACK), tmp_path / "eq")
     c_plain, c_eq = _cosine(case, tmp_path / "plain.onnx"), _cosine(case, tmp_path / "eq.onnx")
-    assert plain.equalized == 0 and eq.equalized >= 4  # norm1 + norm2 of 2 blocks folded, plus inserted Muls
+    assert plain.smoothed == 0 and eq.smoothed >= 4  # norm1 + norm2 of 2 blocks folded, plus inserted Muls
     assert c_plain < 0.97, f"the outliers should hurt plain INT8 (cosine {c_plain})"
     assert c_eq >= 0.99, f"equalised INT8 cosine {c_eq}"
 
 
 def test_equalisation_keeps_the_float_function(outlier_vit):
-    target = get_target(recipe("orin"))
-    m = prepare_model(outlier_vit.path, target)
-    plan = target.annotate(m)
+    orin = target("orin")
+    m = prepare_model(outlier_vit.path, orin)
+    plan = orin.annotate(m)
     sites, _ = find_sites(m, plan)
     kinds = [s.kind.value for s in sites]
     assert kinds.count("fold") == 4 and kinds.count("insert") >= 2  # norm1/norm2 of 2 blocks; fc2 inputs
@@ -68,7 +67,7 @@ def test_equalisation_keeps_the_float_function(outlier_vit):
 
 @pytest.mark.slow
 def test_masked_multi_input_encoder(bert, tmp_path):
-    rep = quantize_int8(bert.path, tmp_path / "bert.int8.onnx", bert.calib, recipe("orin", NO_FALLBACK), tmp_path)
+    rep = quantize_int8(bert.path, tmp_path / "bert.int8.onnx", bert.calib, target("orin", NO_FALLBACK), tmp_path)
     assert rep.quantized_nodes >= 12
     c = _cosine(bert, tmp_path / "bert.int8.onnx")
     assert c >= 0.99, f"embedding cosine {c}"
@@ -82,7 +81,7 @@ def test_masked_multi_input_encoder(bert, tmp_path):
 
 @pytest.mark.slow
 def test_second_run_reuses_scale_table(vit17, tmp_path):
-    r = recipe("orin", NO_FALLBACK, "calibration.reuse=true")
+    r = target("orin", NO_FALLBACK, "calibration.reuse=true")
     first = quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path)
     table = json.loads((tmp_path / "calibration.json").read_text())
     assert not first.reused_table and table["num_samples"] == len(vit17.calib)
@@ -95,14 +94,14 @@ def test_second_run_reuses_scale_table(vit17, tmp_path):
     third = quantize_int8(vit17.path, tmp_path / "c.onnx", other, r, tmp_path)
     assert not third.reused_table and third.num_samples == 20
     # other method: calibrate again
-    fourth = quantize_int8(vit17.path, tmp_path / "d.onnx", other, recipe("orin", NO_FALLBACK, "calibration.method=minmax",
+    fourth = quantize_int8(vit17.path, tmp_path / "d.onnx", other, target("orin", NO_FALLBACK, "calibration.method=minmax",
                                                                        "calibration.reuse=true"), tmp_path)
     assert not fourth.reused_table and fourth.method == "minmax"
 
 
 @pytest.mark.slow
 def test_deterministic_bytes(vit17, tmp_path):
-    r = recipe("orin", NO_FALLBACK)
+    r = target("orin", NO_FALLBACK)
     quantize_int8(vit17.path, tmp_path / "a.onnx", vit17.calib, r, tmp_path / "a")
     quantize_int8(vit17.path, tmp_path / "b.onnx", vit17.calib, r, tmp_path / "b")
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
@@ -111,7 +110,7 @@ def test_deterministic_bytes(vit17, tmp_path):
 
 @pytest.mark.slow
 def test_trt_calibration_cache_format(vit17, tmp_path):
-    quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, recipe("orin", NO_FALLBACK), tmp_path)
+    quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, target("orin", NO_FALLBACK), tmp_path)
     lines = (tmp_path / "calibration.cache").read_text().splitlines()
     assert lines[0].startswith("TRT-") and lines[0].endswith("EntropyCalibration2")
     table = json.loads((tmp_path / "calibration.json").read_text())["tensors"]
@@ -128,19 +127,19 @@ def test_trt_calibration_cache_format(vit17, tmp_path):
 @pytest.mark.parametrize("method", ["minmax", "entropy", "mse"])
 def test_every_method_quantizes(vit17, tmp_path, method):
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
-                        recipe("orin", NO_FALLBACK, f"calibration.method={method}"), tmp_path)
+                        target("orin", NO_FALLBACK, f"calibration.method={method}"), tmp_path)
     assert rep.method == method
     assert _cosine(vit17, tmp_path / "m.onnx") >= 0.98
 
 
 @pytest.mark.slow
 def test_latency_is_measured_and_reported(vit17, tmp_path):
-    r = recipe("cpu", NO_FALLBACK, "quantization.measure_latency=true")
+    r = target("cpu", NO_FALLBACK, "quantization.measure_latency=true")
     rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, r, tmp_path)
     assert rep.latency_ratio is not None and rep.latency_ratio > 0
     d = rep.to_dict()
     for key in ("method", "num_samples", "reused_table", "quantized_nodes", "qdq_pairs", "float_fallback",
-                "equalized", "latency_ratio", "notes"):
+                "smoothed", "latency_ratio", "notes"):
         assert key in d
     if rep.latency_ratio < 1.0:
         assert any("SLOWER" in n for n in rep.notes)
@@ -152,7 +151,7 @@ def test_unreadable_model_is_bad_input(vit17, tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not an onnx model")
     with pytest.raises(BadInput):
-        quantize_int8(bad, tmp_path / "m.onnx", vit17.calib, recipe("orin"), tmp_path)
+        quantize_int8(bad, tmp_path / "m.onnx", vit17.calib, target("orin"), tmp_path)
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -162,13 +161,13 @@ def test_calibration_data_that_does_not_fit_the_model(vit17, bert, tmp_path):
 
     wrong_shape = random_samples({"x": np.zeros((1, 3, 48, 48), np.float32)}, 4)
     with pytest.raises(BadInput, match="shape"):
-        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_shape, recipe("orin"), tmp_path)
+        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_shape, target("orin"), tmp_path)
     wrong_names = random_samples({"pixels": np.zeros((1, 3, 32, 32), np.float32)}, 4)
     with pytest.raises(BadInput, match="no array"):
-        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_names, recipe("orin"), tmp_path)
+        quantize_int8(vit17.path, tmp_path / "m.onnx", wrong_names, target("orin"), tmp_path)
     floats = NpzSamples({"input_ids": np.zeros((4, 32), np.float32), "attention_mask": np.ones((4, 32), np.int64)})
     with pytest.raises(BadInput, match="holds float32"):
-        quantize_int8(bert.path, tmp_path / "b.onnx", floats, recipe("orin"), tmp_path)
+        quantize_int8(bert.path, tmp_path / "b.onnx", floats, target("orin"), tmp_path)
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "b.onnx").exists()
 
 
@@ -176,7 +175,7 @@ def test_calibration_data_that_does_not_fit_the_model(vit17, bert, tmp_path):
 def test_attention_probabilities_keep_their_exact_range(vit17, tmp_path):
     # entropy clips long tails; applied to softmax outputs it would cut the few large probabilities
     quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib,
-                  recipe("orin", NO_FALLBACK, "calibration.method=entropy"), tmp_path)
+                  target("orin", NO_FALLBACK, "calibration.method=entropy"), tmp_path)
     table = json.loads((tmp_path / "calibration.json").read_text())["tensors"]
     probs = {k: v for k, v in table.items() if "Softmax" in k}
     assert len(probs) == 2
@@ -197,5 +196,5 @@ def test_fallback_evaluates_in_the_targets_arithmetic(vit17, tmp_path, monkeypat
 
     monkeypatch.setattr(quantizer, "evaluate", spy)
     for name in ("orin", "npu", "cpu"):
-        quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, recipe(name), tmp_path / name)
+        quantize_int8(vit17.path, tmp_path / f"{name}.onnx", vit17.calib, target(name), tmp_path / name)
     assert seen == [True, True, False]  # float Q/DQ semantics except on cpu, whose runtime is ONNX Runtime

@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from qcases import Case, recipe
+from qcases import Case, target
 from qgraph import load
 from qmodels import export_onnx
-from vitexport.engines.sessions import QDQ_AS_FLOAT, Session
+from vitexport.runners.sessions import QDQ_AS_FLOAT, Session
 from vitexport.parity.metrics import compute_metrics
 from vitexport.quantize import quantize_int8
 from vitexport.quantize.quantizer import prepare_model
 from vitexport.quantize.smooth import SiteKind, SmoothPass, compute_factors, find_sites
-from vitexport.quantize.targets import get_target
 
 NO_FALLBACK = "quantization.fallback.enabled=false"
 
@@ -51,9 +50,9 @@ def post_ln(tmp_path_factory):
 
 
 def test_inserted_mul_feeds_only_the_linears(post_ln):
-    target = get_target(recipe("orin"))
-    m = prepare_model(post_ln.path, target)
-    sites, _ = find_sites(m, target.annotate(m))
+    orin = target("orin")
+    m = prepare_model(post_ln.path, orin)
+    sites, _ = find_sites(m, orin.annotate(m))
     shared = [s for s in sites if s.kind is SiteKind.insert and "ln1" in s.tensor]
     assert shared, "post-LN outputs feeding qkv / the FFN must be insert sites"
     values = {v.name: v for n in m.graph for v in n.outputs}
@@ -73,9 +72,9 @@ def test_inserted_mul_feeds_only_the_linears(post_ln):
 def test_branch_smoothing_rescues_the_block(post_ln, tmp_path):
     def cosine(*overrides):
         out = tmp_path / f"{len(overrides)}.onnx"
-        quantize_int8(post_ln.path, out, post_ln.calib, recipe("orin", NO_FALLBACK, *overrides), tmp_path / out.stem)
+        quantize_int8(post_ln.path, out, post_ln.calib, target("orin", NO_FALLBACK, *overrides), tmp_path / out.stem)
         s = Session(out, QDQ_AS_FLOAT)
         return compute_metrics(post_ln.reference, np.concatenate([s.run(None, f)[0] for f in post_ln.feeds])).cosine_min
 
-    smoothed, plain = cosine(), cosine("quantization.equalize=false")
+    smoothed, plain = cosine(), cosine("quantization.smooth=false")
     assert smoothed >= 0.99 and smoothed > plain + 0.01, (smoothed, plain)

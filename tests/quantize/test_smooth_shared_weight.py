@@ -12,7 +12,7 @@ import pytest
 import numpy as np
 import onnx
 import torch
-from qcases import recipe
+from qcases import target
 from qmodels import export_onnx, plant_outliers, tiny_vit
 
 from vitexport.calibration import random_samples
@@ -34,8 +34,8 @@ def test_equalising_a_shared_weight(tmp_path):
     shared = [w for w, c in readers.items() if c == 3]
     assert len(shared) == 1  # one initializer, three readers
     out = tmp_path / "shared.int8.onnx"
-    rep = quantize_int8(path, out, random_samples(ex, 48, seed=0), recipe("orin", "quantization.fallback.enabled=false"), tmp_path)
-    assert rep.equalized >= 3
+    rep = quantize_int8(path, out, random_samples(ex, 48, seed=0), target("orin", "quantization.fallback.enabled=false"), tmp_path)
+    assert rep.smoothed >= 3
     q = onnx.load(str(out))
     names = [i.name for i in q.graph.initializer]
     assert len(names) == len(set(names))

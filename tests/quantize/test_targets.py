@@ -6,38 +6,40 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from qcases import recipe
+from qcases import target
 from qgraph import const, consumers, dq_fed, load, producer_op, residual_adds, weight_dq
 from vitexport.check import check_file
 from vitexport.graph.query import attr, is_const, opset_version
-from vitexport.quantize import TARGETS, check_placement, quantize_int8
-from vitexport.recipe import TargetKind
+from vitexport.quantize import quantize_int8
+from vitexport.targets import registered_targets
 
 FLOAT_OPS = {"LayerNormalization", "Softmax", "Add", "Erf", "Div", "Sub", "ReduceMean", "Sqrt", "Pow"}
 
 
 def _quantize(case, tmp_path, name, *overrides):
     out = tmp_path / "model.int8.onnx"
-    rep = quantize_int8(case.path, out, case.calib, recipe(name, "quantization.fallback.enabled=false", *overrides),
+    rep = quantize_int8(case.path, out, case.calib, target(name, "quantization.fallback.enabled=false", *overrides),
                         tmp_path)
     return load(out), rep
 
 
 def _passes_check(path, name):
     """The file passes every rule ``vitexport check --target name`` runs."""
-    result = check_file(path, recipe(name))
+    result = check_file(path, target(name))
     assert result, result.lines()
 
 
-@pytest.mark.parametrize("kind", list(TARGETS))
-def test_every_target_has_rules(kind):
-    assert TARGETS[kind].kind is kind
+@pytest.mark.parametrize("name", list(registered_targets()))
+def test_every_target_has_rules(name):
+    t = target(name)
+    assert t.name == name and t.recipe.target == name
+    assert set(t.rules().RULES) >= {"qdq.scale", "qdq.axis", "qdq.integer_path"}
 
 
 @pytest.mark.slow
 def test_orin_rules(vit17, tmp_path):
     m, rep = _quantize(vit17, tmp_path, "orin")
-    assert check_placement(m, "orin") == []
+    assert target("orin").validate(m) == []
     for f in (vit17.path, tmp_path / "model.int8.onnx"):  # the float and Q/DQ files pass `vitexport check`
         _passes_check(f, "orin")
     qs = [n for n in m.graph if n.op_type == "QuantizeLinear"]
@@ -89,7 +91,7 @@ def test_orin_skips_attention_without_fused_head_size(vit_head48, tmp_path):
 @pytest.mark.parametrize("asym", [True, False])
 def test_npu_rules(outlier_vit13, tmp_path, asym):
     m, rep = _quantize(outlier_vit13, tmp_path, "npu", f"quantization.asymmetric_activations={str(asym).lower()}")
-    assert check_placement(m, "npu") == []
+    assert target("npu").validate(m) == []
     assert opset_version(m) <= 13
     f16 = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     assert all(v.dtype not in f16 for v in m.graph.initializers.values())
@@ -104,14 +106,14 @@ def test_npu_rules(outlier_vit13, tmp_path, asym):
     before = {n.op_type for n in onnx.load(str(outlier_vit13.path)).graph.node}
     added = {n.op_type for n in m.graph} - before
     assert added == {"QuantizeLinear", "DequantizeLinear"}
-    assert added <= set(recipe("npu").contract.allowed_ops)
+    assert added <= set(target("npu").recipe.contract.allowed_ops)
     for a in residual_adds(m):
         assert not dq_fed(a)
 
 
 def test_cpu_rules_fuse_into_integer_kernels(vit17, tmp_path):
     m, rep = _quantize(vit17, tmp_path, "cpu")
-    assert check_placement(m, "cpu") == []
+    assert target("cpu").validate(m) == []
     _passes_check(tmp_path / "model.int8.onnx", "cpu")
     assert rep.quantized_nodes >= 10
     acts = [n for n in m.graph if n.op_type == "QuantizeLinear"]
@@ -139,7 +141,7 @@ def test_placement_checker_catches_violations(vit17, tmp_path):
     m, _ = _quantize(vit17, tmp_path, "orin")
     q = next(n for n in m.graph if n.op_type == "QuantizeLinear")
     q.inputs[2].const_value = ir.tensor(np.asarray(3, np.int8), name=q.inputs[2].name)
-    assert any("zero point" in str(p) for p in check_placement(m, TargetKind.orin))
+    assert any("zero point" in str(p) for p in target("orin").validate(m))
 
 
 @pytest.mark.slow
@@ -168,4 +170,4 @@ def test_npu_refuses_a_float16_model(vit17, tmp_path):
     path = tmp_path / "f16.onnx"
     onnx.save(m, str(path))
     with pytest.raises(ContractViolation, match="float16"):
-        quantize_int8(path, tmp_path / "q.onnx", vit17.calib, recipe("npu"), tmp_path)
+        quantize_int8(path, tmp_path / "q.onnx", vit17.calib, target("npu"), tmp_path)

@@ -5,24 +5,18 @@ import json
 
 import pytest
 
-from vitexport.engines import tensorrt_available
-from vitexport.recipe import PASS_STAGES, StageName, available_recipes, load_recipe
-from vitexport.stages import (
-    TENSORRT,
-    BuildEngineStage,
-    Contribution,
-    QuantizeStage,
-    Stage,
-    content_key,
-    pipeline_stages,
-    target_contribution,
-)
+from vitexport.runners import tensorrt_available
+from vitexport.recipe import PASS_STAGES, StageName
+from vitexport.stages import Contribution, QuantizeStage, Stage, content_key, pipeline_stages
+from vitexport.targets import load_recipe, load_target, registered_targets
+from vitexport.targets.tensorrt_engine import TENSORRT, BuildEngineStage
 
 
-@pytest.mark.parametrize("name", available_recipes())
-def test_every_recipe_gets_its_stages_in_pipeline_order(name):
-    recipe = load_recipe(name)
-    stages = pipeline_stages(recipe)
+@pytest.mark.parametrize("name", list(registered_targets()))
+def test_every_target_gets_its_stages_in_pipeline_order(name):
+    target = load_target(name)
+    recipe = target.recipe
+    stages = pipeline_stages(target)
     assert all(isinstance(s, Stage) for s in stages)
     names = [s.name for s in stages]
     assert names == sorted(names, key=list(StageName).index) and len(set(names)) == len(names)
@@ -34,9 +28,9 @@ def test_every_recipe_gets_its_stages_in_pipeline_order(name):
 
 
 def test_the_orin_target_contributes_the_engine_stage_and_script():
-    orin, cpu, npu = (load_recipe(n) for n in ("orin", "cpu", "npu"))
-    assert target_contribution(orin) is TENSORRT
-    assert target_contribution(cpu) == target_contribution(npu) == Contribution()
+    orin, cpu, npu = (load_target(n) for n in ("orin", "cpu", "npu"))
+    assert orin.contribution() is TENSORRT and load_target("orin-jp5").contribution() is TENSORRT
+    assert cpu.contribution() == npu.contribution() == Contribution()
     assert [s.name for s in pipeline_stages(orin)][-1] == StageName.build_engine
     assert StageName.build_engine not in [s.name for s in pipeline_stages(cpu)]
     quantize = next(s for s in pipeline_stages(orin) if isinstance(s, QuantizeStage))
@@ -60,10 +54,10 @@ def test_content_keys_hash_values_not_identities():
 @pytest.mark.skipif(not tensorrt_available(), reason="needs the tensorrt package and an NVIDIA GPU")
 @pytest.mark.parametrize("recipe", ["orin", "orin-jp5"])
 def test_engine_stage_builds_and_gates_the_engine(recipe, tmp_path):  # pragma: no cover - needs TensorRT
-    """The engine is built the way ``quantization.strongly_typed`` says and passes its gate."""
+    """The engine is built the way the target says (strongly typed or not) and passes its gate."""
     from cli_helpers import run_cli
 
-    proc = run_cli("export", "--target", recipe, "--out", str(tmp_path), "--set", "quantization.measure_latency=false")
+    proc = run_cli("export", "--target", recipe, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     stages = {s["stage"]: s for s in json.loads((tmp_path / "parity.json").read_text())["stages"]}
     assert stages["build_engine"]["engine"] == "tensorrt" and stages["build_engine"]["passed"]

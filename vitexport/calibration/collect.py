@@ -7,12 +7,13 @@ ONNX Runtime prunes the nodes a chunk does not need.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
-from ..engines.sessions import LOW_MEMORY, Session
+from ..runners.sessions import LOW_MEMORY, Session
 from ..errors import BadInput
 from ..graph.query import static_shape
 from .data import SampleSet
@@ -105,7 +106,7 @@ def collect(
     names = list(observers)
     feeds = FeedSet.for_model(samples, model, batch_size)
     chunks = _chunks(names, _batch_bytes(model, names), budget_bytes)
-    config = LOW_MEMORY.replace(threads=threads)
+    config = replace(LOW_MEMORY, threads=threads)
     with progress(description, feeds.num_batches * len(chunks)) as bar:
         for chunk in chunks:
             sess = Session(model, config, outputs=chunk)

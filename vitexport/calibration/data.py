@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import BadInput, VitexportWarning, one_line
 from ..preflight.memory import Need, require
+from ..runners.base import feed_size
 from .npz import NpzMember, open_members
 from .images import IMAGE_SUFFIXES, ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline, why_unreadable
 
@@ -33,6 +34,7 @@ __all__ = [
     "UnreadableImagesWarning",
     "load_samples",
     "random_samples",
+    "feed_size",
 ]
 
 
@@ -78,7 +80,7 @@ class _Head(SampleSet):
         for feed in self.base.batches(batch_size):
             if left <= 0:
                 return
-            take = min(left, len(next(iter(feed.values()))))
+            take = min(left, feed_size(feed))
             yield {k: v[:take] for k, v in feed.items()}
             left -= take
 
@@ -97,7 +99,7 @@ class NpzSamples(SampleSet):
         self.input_names = list(self.arrays)
 
     def __len__(self) -> int:
-        return int(next(iter(self.arrays.values())).shape[0])
+        return feed_size(self.arrays)
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         n = len(self)

@@ -2,8 +2,11 @@
 
 A fixed-shape model takes exactly its static batch per call. :class:`FeedSet` re-cuts any
 :class:`~.data.SampleSet` into such batches, padding the last one by repeating its last sample, and
-remembers how many samples are real so outputs can be trimmed back (:meth:`FeedSet.trim`). A model
-with a dynamic batch gets ``batch_size`` samples per call and no padding.
+remembers how many samples are real so outputs can be trimmed back (:meth:`FeedSet.trim`): what
+calibration and the fallback need (every sample seen). A model with a dynamic batch gets
+``batch_size`` samples per call and no padding. :meth:`FeedSet.whole_batches` is what a parity
+comparison needs instead: only samples that fill whole batches, so none is counted twice.
+:func:`feed_size` is the number of samples in one feed.
 
 :func:`split_samples` carves a held-out part off a sample set (the fallback chooses its float layers
 on it, never on the data the parity gate scores).
@@ -17,9 +20,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .data import NpzSamples, SampleSet
+from .data import NpzSamples, SampleSet, feed_size
 
-__all__ = ["FeedSet", "static_batch", "split_samples", "SliceSamples"]
+__all__ = ["FeedSet", "feed_size", "static_batch", "split_samples", "SliceSamples"]
 
 
 def static_batch(model: ir.Model | onnx.ModelProto) -> int | None:
@@ -80,7 +83,7 @@ class FeedSet:
         for feed in self.samples.batches(max(self.batch_size, 8)):
             for k, v in feed.items():
                 pending.setdefault(k, []).append(v)
-            count += len(next(iter(feed.values())))
+            count += feed_size(feed)
             while count >= self.batch:
                 cat = {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in pending.items()}
                 yield {k: v[: self.batch] for k, v in cat.items()}
@@ -94,6 +97,23 @@ class FeedSet:
     def trim(self, outputs: np.ndarray) -> np.ndarray:
         """Outputs concatenated over :meth:`__iter__`'s feeds, without the padding rows."""
         return outputs[: len(self)]
+
+    def whole_batches(self) -> SampleSet:
+        """The samples that fill whole static batches (the rest left out, never padded: a parity
+        metric counts each sample once); fewer than one batch are repeated up to one.
+
+        Returns:
+            ``self.samples`` itself when nothing needs cutting, else a set of a multiple of ``batch``.
+        """
+        n, batch = len(self.samples), self.batch
+        if not batch or batch == 1 or n % batch == 0:
+            return self.samples
+        if n >= batch:
+            return SliceSamples(self.samples, 0, n - n % batch)
+        whole = concat(self.samples)
+        idx = np.arange(batch) % n
+        labels = whole.labels[idx] if whole.labels is not None else None
+        return NpzSamples({k: v[idx] for k, v in whole.arrays.items()}, labels, whole.source)
 
 
 class SliceSamples(SampleSet):
@@ -111,7 +131,7 @@ class SliceSamples(SampleSet):
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         pos = 0
         for feed in self.base.batches(batch_size):
-            n = len(next(iter(feed.values())))
+            n = feed_size(feed)
             lo, hi = max(self.start - pos, 0), min(self.stop - pos, n)
             pos += n
             if hi > lo:

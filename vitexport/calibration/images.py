@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from PIL import Image, ImageOps
 
 from ..errors import BadInput
 
@@ -43,8 +44,6 @@ class ImagePipeline:
                 f"mean={tuple(round(m, 4) for m in self.mean)} std={tuple(round(s, 4) for s in self.std)}")
 
     def __call__(self, img) -> np.ndarray:
-        from PIL import Image
-
         interp = {
             "bilinear": Image.Resampling.BILINEAR,
             "bicubic": Image.Resampling.BICUBIC,
@@ -131,8 +130,6 @@ def find_images(folder: Path, others: list[Path] | None = None) -> list[Path]:
 
 def why_unreadable(exc: BaseException) -> str:
     """A short reason for a file :func:`read_rgb` refused (the size limit is said with numbers)."""
-    from PIL import Image
-
     if isinstance(exc, Image.DecompressionBombError):
         return f"too large: over {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels, the decoder's safety limit"
     text = " ".join(str(exc).split())
@@ -144,8 +141,6 @@ def why_unreadable(exc: BaseException) -> str:
 def read_rgb(path: Path):
     """Open an image and return an 8-bit RGB ``PIL.Image``; raise ``OSError``/``ValueError`` (or
     PIL's ``DecompressionBombError`` above its size limit) if unreadable."""
-    from PIL import Image
-
     with warnings.catch_warnings():
         # images between PIL's warning and error sizes are decoded, not reported once per read
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -153,8 +148,6 @@ def read_rgb(path: Path):
 
 
 def _read_rgb(path: Path):
-    from PIL import Image, ImageOps
-
     with Image.open(path) as im:
         im.load()
         try:

@@ -5,6 +5,9 @@ import contextlib
 import sys
 from typing import Iterator
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 __all__ = ["progress"]
 
 
@@ -29,9 +32,6 @@ def progress(description: str, total: int | None, enabled: bool | None = None) -
     if not enabled:
         yield _Silent()
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
         console=Console(stderr=True), transient=True,

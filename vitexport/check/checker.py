@@ -1,32 +1,37 @@
 """The one checker: the ONNX checker, the recipe's contract, then its target's rules.
 
 The export's contract step (``simplify_onnx``), the quantizer's check of what it wrote
-(``QuantTarget.validate``) and ``vitexport check`` all run these rules; only what they are given
-differs (a proto already in memory, a target without a recipe, a file).
+(``Target.validate``) and ``vitexport check`` all run these rules; only what they are given
+differs (a proto already in memory, a file). Each is handed the run's
+:class:`~vitexport.targets.Target`, whose ``recipe`` holds the contract.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 
 from ..graph.files import load_model
-from ..recipe import RECIPES_DIR, Recipe
+from ..recipe import Recipe
 from .contract import contract_violations
-from .target_rules import target_rules
 from .violation import CheckResult, Violation
+
+if TYPE_CHECKING:  # the target is handed in: check/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["run_checker", "model_violations", "check_model", "check_file", "recipe_label", "rules_checked"]
 
 
-def recipe_label(recipe: Recipe, recipe_path: str | Path | None = None) -> str:
-    """``recipes/npu.yaml`` for a shipped recipe, the given path, or ``recipe 'name'``."""
+def recipe_label(target: Target, recipe_path: str | Path | None = None) -> str:
+    """How messages name the run's recipe: the given path, ``recipes/<name>.yaml`` for the target's
+    own recipe (as the repository's ``recipes/`` shows it), else ``recipe 'name'``."""
     if recipe_path is not None:
         return str(recipe_path)
-    shipped = RECIPES_DIR / f"{recipe.name}.yaml"
-    if shipped.is_file():
-        return f"{RECIPES_DIR.name}/{shipped.name}"
+    recipe = target.recipe
+    if recipe.name == target.name and target.recipe_file().is_file():
+        return f"recipes/{target.recipe_file().name}"
     return f"recipe '{recipe.name}'"
 
 
@@ -53,32 +58,34 @@ def _contract_rules(recipe: Recipe) -> tuple[str, ...]:
     return tuple(f"contract.{k}" for k in keys if k)
 
 
-def _skipped(recipe: Recipe) -> set[str]:
-    # the npu's own float16 rule is the recipe's when the recipe states it: report it once, by its key
-    return {"npu.float16"} if recipe.contract.forbid_float16 else set()
+def _skipped(target: Target) -> set[str]:
+    # a target's own float16 rule repeats the recipe's contract.forbid_float16: report it once, by the key
+    own = target.rules().FLOAT16_RULE
+    return {own} if own and target.recipe.contract.forbid_float16 else set()
 
 
-def rules_checked(recipe: Recipe) -> tuple[str, ...]:
-    """The rule ids a check of ``recipe`` runs, in order."""
-    rules = target_rules(recipe.target, recipe.quantization).RULES
-    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(recipe)))
+def rules_checked(target: Target) -> tuple[str, ...]:
+    """The rule ids a check for ``target`` runs, in order."""
+    recipe = target.recipe
+    rules = target.rules().RULES
+    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(target)))
 
 
-def model_violations(model: ir.Model, recipe: Recipe) -> list[Violation]:
+def model_violations(model: ir.Model, target: Target) -> list[Violation]:
     """The contract's violations, then the target's (the ONNX checker is not run here)."""
-    rules = target_rules(recipe.target, recipe.quantization)
-    return contract_violations(model, recipe.contract) + rules.violations(model, skip=_skipped(recipe))
+    recipe = target.recipe
+    return contract_violations(model, recipe.contract) + target.rules().violations(model, skip=_skipped(target))
 
 
-def check_model(model: ir.Model, recipe: Recipe, *, artifact: str = "model",
+def check_model(model: ir.Model, target: Target, *, artifact: str = "model",
                 recipe_path: str | Path | None = None, checker: list[Violation] | None = None) -> CheckResult:
-    """Every rule of ``recipe`` on an in-memory model.
+    """Every rule of ``target`` and its recipe on an in-memory model.
 
     Args:
         model: the graph.
-        recipe: the contract and the target whose rules apply.
+        target: the target whose rules apply; its recipe's contract too.
         artifact: how to name the model in messages.
-        recipe_path: how to name the recipe (default ``recipes/<name>.yaml`` for a shipped one).
+        recipe_path: how to name the recipe (default ``recipes/<name>.yaml`` for a target's own).
         checker: the ONNX checker's verdict when the caller ran it (on a proto it holds); None
             runs it on ``model``.
     Returns:
@@ -86,16 +93,16 @@ def check_model(model: ir.Model, recipe: Recipe, *, artifact: str = "model",
     """
     if checker is None:
         checker = run_checker(ir.to_proto(model))
-    return CheckResult(artifact, recipe_label(recipe, recipe_path), recipe.target.value, rules_checked(recipe),
-                       checker + model_violations(model, recipe))
+    return CheckResult(artifact, recipe_label(target, recipe_path), target.name, rules_checked(target),
+                       checker + model_violations(model, target))
 
 
-def check_file(path: str | Path, recipe: Recipe, *, recipe_path: str | Path | None = None) -> CheckResult:
-    """Every rule of ``recipe`` on the ONNX file ``path`` (its ``.data`` file read where needed).
+def check_file(path: str | Path, target: Target, *, recipe_path: str | Path | None = None) -> CheckResult:
+    """Every rule of ``target`` and its recipe on the ONNX file ``path`` (its ``.data`` file read where needed).
 
     Raises:
         BadInput: ``path`` is missing or is not an ONNX model.
     """
     path = Path(path)
     model = load_model(path)
-    return check_model(model, recipe, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path))
+    return check_model(model, target, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path))

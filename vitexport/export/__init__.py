@@ -12,7 +12,6 @@ from .contract import check_contract
 from .export import OUTPUT_NAME, ExportAttempt, ExportReport, export_onnx
 from .rewrites import ExportRewrites
 from .simplify import SimplifyReport, simplify_onnx
-from .verify import onnx_parity
 
 __all__ = [
     "export_onnx",
@@ -26,5 +25,4 @@ __all__ = [
     "Violation",
     "OP_HINTS",
     "ExportRewrites",
-    "onnx_parity",
 ]

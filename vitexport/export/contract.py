@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import onnx
 import onnx_ir as ir
 
 from ..check import Violation, model_violations, recipe_label, run_checker
 from ..errors import ContractViolation
-from ..recipe import Recipe
+
+if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["raise_violations", "check_contract"]
 
@@ -24,7 +26,7 @@ def _summary(rest: Sequence[Violation]) -> str:
     return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in counts.items())
 
 
-def raise_violations(violations: Sequence[Violation], recipe: Recipe, recipe_path: str | Path | None,
+def raise_violations(violations: Sequence[Violation], target: Target, recipe_path: str | Path | None,
                      artifact: str) -> None:
     """Raise :class:`ContractViolation` for the first violation, counting the others.
 
@@ -34,7 +36,7 @@ def raise_violations(violations: Sequence[Violation], recipe: Recipe, recipe_pat
     if not violations:
         return
     first, rest = violations[0], violations[1:]
-    msg = first.message(artifact, recipe_label(recipe, recipe_path))
+    msg = first.message(artifact, recipe_label(target, recipe_path))
     if rest:
         msg += f" (+{len(rest)} more: {_summary(rest)})"
     err = ContractViolation(msg)
@@ -44,22 +46,22 @@ def raise_violations(violations: Sequence[Violation], recipe: Recipe, recipe_pat
 
 def check_contract(
     model: onnx.ModelProto,
-    recipe: Recipe,
+    target: Target,
     recipe_path: str | Path | None = None,
     *,
     artifact: str = "model",
 ) -> None:
-    """Run the ONNX checker, every contract rule of ``recipe`` and its target's rules on ``model``.
+    """Run the ONNX checker, every contract rule of the target's recipe and the target's rules on ``model``.
 
     Args:
         model: the graph (with its initializers).
-        recipe: the target recipe; its ``contract`` section and ``target`` hold the rules.
+        target: the run's target (its rules; its recipe's ``contract`` section).
         recipe_path: how to name the recipe in messages (default ``recipes/<name>.yaml`` for a
-            shipped recipe).
+            target's own recipe).
         artifact: how to name the model in messages (e.g. ``model.fp32.onnx``).
     Raises:
         ContractViolation: the first violation, naming node, op, rule and a hint, plus a count of
             the others; ``err.violations`` lists them all.
     """
-    violations = run_checker(model) + model_violations(ir.from_proto(model), recipe)
-    raise_violations(violations, recipe, recipe_path, artifact)
+    violations = run_checker(model) + model_violations(ir.from_proto(model), target)
+    raise_violations(violations, target, recipe_path, artifact)

@@ -10,17 +10,17 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from ..engines.torch_runner import primary_output
+from ..runners.torch_runner import primary_output
 from ..errors import BadInput
 from ..io import atomic_path
 from ..recipe import ContractSpec, Exporter, ExportSpec
+from ..results import Data, result
 from .lowering import LOWERABLE
 from .opset import convert_opset, default_opset
 from .rewrites import ExportRewrites
@@ -40,8 +40,8 @@ _REWRITE_NOTES = {
 }
 
 
-@dataclass
-class ExportAttempt:
+@result
+class ExportAttempt(Data):
     """One exporter run: which, whether it produced the file, and the first line of its error."""
 
     exporter: str
@@ -50,8 +50,8 @@ class ExportAttempt:
     error: str | None = None
 
 
-@dataclass
-class ExportReport:
+@result
+class ExportReport(Data):
     """What :func:`export_onnx` did. ``exporter`` is the one that wrote the file."""
 
     path: str
@@ -64,8 +64,6 @@ class ExportReport:
     seconds: float
     size_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _Positional(nn.Module):

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
-from ..recipe import Recipe
 from ..check import model_violations, run_checker
+from ..results import Data, result
 from .contract import raise_violations
+
+if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -34,8 +37,8 @@ SKIPPED_OPTIMIZERS = ["fuse_matmul_add_bias_into_gemm", "fuse_qkv"]
 _OPAQUE_USES = {("MatMul", 1), ("Gemm", 1), ("Conv", 1), ("ConvTranspose", 1)}
 
 
-@dataclass
-class SimplifyReport:
+@result
+class SimplifyReport(Data):
     """Node counts before and after, what was held aside, and the contract verdict."""
 
     path: str
@@ -50,8 +53,6 @@ class SimplifyReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _opaque(value: ir.Value) -> bool:
@@ -79,11 +80,11 @@ def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
 def simplify_onnx(
     in_path: str | Path,
     out_path: str | Path,
-    recipe: Recipe,
+    target: Target,
     *,
     recipe_path: str | Path | None = None,
 ) -> SimplifyReport:
-    """Simplify ``in_path`` with onnxsim, check ``recipe``'s contract, write ``out_path``.
+    """Simplify ``in_path`` with onnxsim, check the target's rules and its recipe's contract, write ``out_path``.
 
     ``recipe.export.simplify: false`` skips onnxsim; the contract is checked either way.
 
@@ -91,7 +92,7 @@ def simplify_onnx(
         in_path: the exported ONNX file.
         out_path: the simplified file (``model.fp32.onnx``, with ``.data`` for a large model);
             written atomically, only after the contract holds.
-        recipe: the target recipe (``contract`` rules, ``export.simplify``).
+        target: the run's target (its rules; its recipe's ``contract`` and ``export.simplify``).
         recipe_path: how to name the recipe in messages (default ``recipes/<name>.yaml``).
     Returns:
         A :class:`SimplifyReport`.
@@ -101,6 +102,7 @@ def simplify_onnx(
         BadInput: ``in_path`` is missing or is not an ONNX model.
     """
     t0 = time.perf_counter()
+    recipe = target.recipe
     in_path, out_path = Path(in_path), Path(out_path)
     model = load_model(in_path)
     ops_before, nodes_before = Counter(n.op_type for n in model.graph), model.graph.num_nodes()
@@ -120,8 +122,8 @@ def simplify_onnx(
         simplified = reattach(proto, held)
         violations = run_checker(proto)  # the weights held aside are typed graph inputs here
     # the same rules as ``vitexport check``: the contract, then the target's (no rule reads a weight)
-    violations += model_violations(simplified, recipe)
-    raise_violations(violations, recipe, recipe_path, out_path.name)
+    violations += model_violations(simplified, target)
+    raise_violations(violations, target, recipe_path, out_path.name)
     kept = [v for v in simplified.graph.initializers.values() if v.name in held]
     save_model(simplified, out_path)
     ops_after = Counter(n.op_type for n in simplified.graph)

@@ -21,7 +21,7 @@ from .metrics import Check, CompareResult, Metrics, compare, compute_metrics, er
 from .nonfinite import NonFiniteSource, find_nonfinite, first_nonfinite_module, first_nonfinite_op
 from .pairwise import compare_models
 from .reference import GoldenReference, capture_reference
-from .report import load_run, render_html, render_markdown, render_reports, render_run_dir, write_reports
+from .report import load_run, render_html, render_markdown, render_reports, write_reports
 from .stage import ParityRun, StageResult, check_stage
 
 __all__ = [
@@ -59,7 +59,6 @@ __all__ = [
     # reports
     "write_reports",
     "render_reports",
-    "render_run_dir",
     "load_run",
     "render_markdown",
     "render_html",

@@ -23,6 +23,8 @@ import onnx
 from pydantic import model_validator
 
 from ..recipe import Tolerance
+from ..runners.base import feed_size
+from ..runners.ort_runner import OnnxRuntimeRunner
 from .data import Data, Sparse, result
 from .onnx_graph import OnnxGraph, _shape_ok, block_scopes
 
@@ -277,7 +279,7 @@ def block_names(module) -> list[str]:
     the same class that have parameters; only the outermost such blocks are kept (a block's own
     MLP ``Sequential`` is not a list of blocks).
     """
-    import torch.nn as nn
+    import torch.nn as nn  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
     names: list[str] = []
     taken: list[str] = []
@@ -316,7 +318,7 @@ class LayerProbe(Protocol):
 
 
 def _first_tensor(obj):
-    import torch
+    import torch  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
     if isinstance(obj, torch.Tensor):
         return obj
@@ -346,7 +348,7 @@ class TorchLayerProbe:
         return list(self.layers)
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        import torch
+        import torch  # torch loads on first use (~2 s, 0.5 GB): comparing ONNX files never needs it
 
         mods = dict(self.module.named_modules())
         acts: dict[str, list[np.ndarray]] = {}
@@ -393,8 +395,6 @@ class OnnxLayerProbe:
         return list(self.tensors)
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        from ..engines.ort_runner import OnnxRuntimeRunner
-
         names = list(dict.fromkeys(self.tensors.values()))
         if not names:
             return {}
@@ -436,7 +436,7 @@ def _map_by_value(graph: OnnxGraph, layers: Sequence[str], reference: Mapping[st
     Used when node names carry no scope. Candidates have the layer's shape; picks are in topological
     order; a candidate is accepted only when its relative error is below ``max_rel``.
     """
-    n = next(iter(feed.values())).shape[0]
+    n = feed_size(feed)
     cands: dict[str, int] = {}
     for i, node in enumerate(graph.nodes):
         if node.op_type in ("Constant", "Identity", "Shape", "QuantizeLinear"):
@@ -487,7 +487,7 @@ def _onnx_mapping(graph: OnnxGraph, names: Sequence[str], ref: Mapping[str, np.n
                   hint: Mapping[str, str] | None, mapping_model, notes: list[str]) -> tuple[dict[str, str], str]:
     """Layer → tensor in ``graph``: by scope; else by the tensor names of ``hint`` (an earlier
     model's mapping); else by value (against ``mapping_model`` when given, else this graph)."""
-    n0 = next(iter(feeds[0].values())).shape[0]
+    n0 = feed_size(feeds[0])
     shapes = {k: (n0, *np.shape(v)[1:]) for k, v in ref.items()}
     mapping = map_layers_to_onnx(graph, names, shapes) if graph.has_scopes else {}
     method = "scope"
@@ -543,7 +543,7 @@ def localize_layers(
         module outside the budget.
     """
     feeds = list(feeds)[: max(1, max_batches)]
-    nref = sum(next(iter(f.values())).shape[0] for f in feeds)
+    nref = sum(feed_size(f) for f in feeds)
     if reference_layers:
         names = list(layers) if layers is not None else list(reference_layers)
         ref = {k: np.asarray(reference_layers[k])[:nref] for k in names if k in reference_layers}

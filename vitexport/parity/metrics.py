@@ -171,7 +171,8 @@ class CompareResult(Data):
         return all(c.passed for c in self.checks)
 
     @property
-    def first_failure(self) -> Check | None:
+    def failed_check(self) -> Check | None:
+        """The first check that did not hold, or None."""
         return next((c for c in self.checks if not c.passed), None)
 
     def tolerance_dict(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ recover the module's qualified name (``model.blocks.0.attn.qkv``) from structure
 module's output tensor is the output of the last node (topological order) in its scope.
 
 The graph is an onnx-ir model (:mod:`vitexport.graph`); intermediate tensors are observed by asking
-the session for them as extra outputs (:class:`vitexport.engines.sessions.Session`), the file on
+the session for them as extra outputs (:class:`vitexport.runners.sessions.Session`), the file on
 disk is never touched.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
+
+from ..graph.files import as_model
 
 __all__ = [
     "OnnxGraph",
@@ -38,8 +40,6 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 def load_onnx(model: str | Path | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
     """An ``ir.Model`` from a path, serialized bytes, a ModelProto or an ``ir.Model`` (as is)."""
-    from ..graph.files import as_model
-
     return as_model(model)
 
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ..engines.base import BaseRunner
+from ..calibration import load_samples
+from ..calibration.feeds import FeedSet
 from ..errors import BadInput
+from ..runners import OnnxRuntimeRunner, TensorRTRunner, tensorrt_available
+from ..runners.base import BaseRunner
 from ..recipe import Tolerance
 from .layers import LayerReport, localize_layers, localize_onnx
 from .reference import capture_reference
+from .report import write_reports
 from .stage import ParityRun, check_stage
 
 __all__ = ["compare_models", "COMPARE_STAGE", "DEFAULT_COMPARE_TOLERANCE"]
@@ -41,59 +45,66 @@ class _Side:
 
 
 def _is_uri(spec: str) -> bool:
-    from ..sources import SCHEMES
+    from ..sources import SCHEMES  # vitexport.sources loads torch (~2 s): two ONNX files never need it
 
     scheme, sep, rest = spec.partition(":")
     return bool(sep and rest) and scheme in SCHEMES
 
 
-def _open(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
-    from ..engines import OnnxRuntimeRunner, TensorRTRunner, TorchRunner, tensorrt_available
+def _file_side(spec: str, runner: BaseRunner, kind: str) -> _Side:
+    """A model file behind an active runner; its inputs (and static batch) from the runner."""
+    specs = runner.input_specs()
+    static = {s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
+    example = {s.name: np.zeros(tuple(d if d > 0 else 1 for d in s.shape), dtype=s.dtype) for s in specs}
+    return _Side(spec, runner, example, next(iter(static)) if len(static) == 1 else None, kind)
 
-    p = Path(spec)
-    if p.suffix.lower() in _ONNX_SUFFIXES:
-        if not p.is_file():
-            raise BadInput(f"ONNX file not found: {p}")
-        runner = OnnxRuntimeRunner(p, name=p.name)
-        try:
-            runner.activate()
-        except Exception as exc:  # onnxruntime raises its own types for unreadable models
-            raise BadInput(f"{p}: not a loadable ONNX model ({str(exc).splitlines()[0][:160]})") from None
-        specs = runner.input_specs()
-        static = {s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
-        example = {s.name: np.zeros(tuple(d if d > 0 else 1 for d in s.shape), dtype=s.dtype) for s in specs}
-        return _Side(spec, runner, example, next(iter(static)) if len(static) == 1 else None, "onnx")
-    if p.suffix.lower() in _PLAN_SUFFIXES:
-        if not tensorrt_available():
-            raise BadInput(f"{p}: comparing a TensorRT engine needs the tensorrt package and a GPU")
-        runner = TensorRTRunner(p, name=p.name)  # pragma: no cover - needs TensorRT
-        runner.activate()  # pragma: no cover
-        specs = runner.input_specs()  # pragma: no cover
-        example = {s.name: np.zeros(tuple(max(d, 1) for d in s.shape), dtype=s.dtype) for s in specs}  # pragma: no cover
-        return _Side(spec, runner, example, specs[0].shape[0] if specs else None, "tensorrt")  # pragma: no cover
-    if _is_uri(spec):
-        from ..sources import load_model
 
-        loaded = load_model(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
-        example = {k: v.detach().cpu().numpy() for k, v in loaded.example_inputs.items()}
-        runner = TorchRunner(loaded.module, loaded.example_inputs, name=spec)
+def _open_onnx(spec: str, **_: Any) -> _Side:
+    path = Path(spec)
+    if not path.is_file():
+        raise BadInput(f"ONNX file not found: {path}")
+    runner = OnnxRuntimeRunner(path, name=path.name)
+    try:
         runner.activate()
-        return _Side(spec, runner, example, None, "torch", loaded.module)
+    except Exception as exc:  # onnxruntime raises its own types for unreadable models
+        raise BadInput(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:160]})") from None
+    return _file_side(spec, runner, "onnx")
+
+
+def _open_plan(spec: str, **_: Any) -> _Side:
+    path = Path(spec)
+    if not tensorrt_available():
+        raise BadInput(f"{path}: comparing a TensorRT engine needs the tensorrt package and a GPU")
+    runner = TensorRTRunner(path, name=path.name)  # pragma: no cover - needs TensorRT
+    runner.activate()  # pragma: no cover
+    return _file_side(spec, runner, "tensorrt")  # pragma: no cover
+
+
+def _open_uri(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
+    from ..runners import TorchRunner  # torch loads here: comparing two ONNX files never needs it (~2 s)
+    from ..sources import load_model
+
+    loaded = load_model(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
+    example = {k: v.detach().cpu().numpy() for k, v in loaded.example_inputs.items()}
+    runner = TorchRunner(loaded.module, loaded.example_inputs, name=spec)
+    runner.activate()
+    return _Side(spec, runner, example, None, "torch", loaded.module)
+
+
+#: the one runner factory: what a spec names (test, opener), first match wins
+_OPENERS: tuple[tuple[Callable[[str], bool], Callable[..., _Side]], ...] = (
+    (lambda spec: Path(spec).suffix.lower() in _ONNX_SUFFIXES, _open_onnx),
+    (lambda spec: Path(spec).suffix.lower() in _PLAN_SUFFIXES, _open_plan),
+    (_is_uri, _open_uri),
+)
+
+
+def _open(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
+    """An active runner over ``spec`` (an ONNX file, a TensorRT plan or a model URI)."""
+    for matches, opener in _OPENERS:
+        if matches(spec):
+            return opener(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
     raise BadInput(f"'{spec}': expected an .onnx file, a TensorRT plan or a model URI (timm:, torchvision:, hf:, python:)")
-
-
-def _batches(samples, batch: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray | None, int]:
-    """Batches of exactly ``batch`` samples; the last is padded by repeating samples (a static
-    batch cannot take fewer). Returns (batches, labels aligned with them, padded count)."""
-    feeds = list(samples.batches(batch))
-    full = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
-    n = next(iter(full.values())).shape[0]
-    total = -(-n // batch) * batch
-    idx = np.arange(total) % n
-    full = {k: v[idx] for k, v in full.items()}
-    labels = samples.labels[idx] if samples.labels is not None else None
-    out = [{k: v[i : i + batch] for k, v in full.items()} for i in range(0, total, batch)]
-    return out, labels, total - n
 
 
 def compare_models(
@@ -130,8 +141,6 @@ def compare_models(
     Raises:
         BadInput: unreadable models, mismatching inputs, bad data.
     """
-    from ..calibration import load_samples
-
     tolerance = tolerance or DEFAULT_COMPARE_TOLERANCE
     t0 = time.perf_counter()
     side_a = _open(a, weights=weights, input_shape=input_shape, batch_size=batch_size)
@@ -143,13 +152,15 @@ def compare_models(
         if len(statics) > 1:
             raise BadInput(f"the models have different static batch sizes {sorted(statics)}")
         batch = next(iter(statics)) if statics else batch_size
-        samples = load_samples(data_path, side_a.example, num_samples=num_samples)
-        feeds, labels, padded = _batches(samples, batch)
-        reference = capture_reference(side_a.runner, feeds, labels, source=str(data_path))
+        loaded = load_samples(data_path, side_a.example, num_samples=num_samples)
+        samples = FeedSet(loaded, batch).whole_batches()  # a static batch takes whole batches only
+        feeds = list(samples.batches(batch))
+        reference = capture_reference(side_a.runner, feeds, samples.labels, source=str(data_path))
         reference.meta["label"] = a
-        notes = [f"reference: {a}", f"candidate: {b}", f"{samples.__len__()} sample(s) from {data_path}, batch {batch}"]
-        if padded:
-            notes.append(f"last batch padded with {padded} repeated sample(s) (static batch {batch})")
+        notes = [f"reference: {a}", f"candidate: {b}", f"{len(samples)} sample(s) from {data_path}, batch {batch}"]
+        if len(samples) != len(loaded):
+            notes.append(f"{len(loaded)} sample(s) given, {len(samples)} compared: the static batch {batch} takes "
+                         "whole batches")
         result = check_stage(stage, side_b.runner, reference, tolerance, notes=notes,
                              artifacts={"reference": a, "candidate": b})
         if layers:
@@ -166,8 +177,6 @@ def compare_models(
                     extra={"compare": {"a": a, "b": b}})
     run.passed = result.passed
     if out_dir is not None:
-        from .report import write_reports
-
         write_reports(Path(out_dir), run)
     return run
 

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from ..engines.base import BaseRunner
+from ..runners.base import BaseRunner, feed_size
 from ..errors import BadInput
 from ..io import atomic_path
+from .layers import make_torch_probe
+from .nonfinite import locate_nonfinite
 
 if TYPE_CHECKING:  # pragma: no cover
     from .stage import ParityRun
@@ -137,7 +139,7 @@ def capture_reference(
     Call this before any pass or export touches the model.
 
     Args:
-        runner: usually a :class:`~vitexport.engines.TorchRunner` on the untouched module.
+        runner: usually a :class:`~vitexport.runners.TorchRunner` on the untouched module.
         samples_batches: the parity inputs, batch by batch (kept in the reference).
         labels: optional integer labels, one per sample.
         source: a description stored with the reference (``'untouched torch model <uri>'``).
@@ -176,8 +178,6 @@ def capture_reference(
             raise BadInput(f"{len(labels)} labels for {n} parity samples")
     bad = ~np.isfinite(outputs["output"])
     if bad.any():
-        from .nonfinite import locate_nonfinite
-
         first = int(np.argwhere(bad.reshape(n, -1).any(1))[0][0]) if n else 0
         where = _batch_of(feeds, first)
         src = locate_nonfinite(runner, feeds[where])
@@ -189,13 +189,11 @@ def capture_reference(
     layer_acts: dict[str, np.ndarray] | None = None
     layer_batches = 0
     if layers is not None and layers is not False:
-        from .layers import make_torch_probe
-
         probe = make_torch_probe(runner, layers)
         count = 0
         for feed in feeds:
             layer_batches += 1
-            count += next(iter(feed.values())).shape[0]
+            count += feed_size(feed)
             if count >= layer_samples:
                 break
         layer_acts = probe.run(feeds[:layer_batches])
@@ -205,7 +203,7 @@ def capture_reference(
 def _batch_of(feeds: list[dict[str, np.ndarray]], sample: int) -> int:
     seen = 0
     for b, feed in enumerate(feeds):
-        seen += next(iter(feed.values())).shape[0]
+        seen += feed_size(feed)
         if sample < seen:
             return b
     return len(feeds) - 1

@@ -17,12 +17,13 @@ from typing import Annotated, Any, Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import Field, model_serializer, model_validator
 
-from ..engines.base import BaseRunner
+from ..runners.base import BaseRunner
 from ..errors import ParityFailure
 from ..recipe import StageName, Tolerance
 from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
 from .metrics import Check, Metrics, compare, error_histogram
+from .nonfinite import locate_nonfinite_source
 from .reference import GoldenReference
 
 __all__ = ["StageResult", "ParityRun", "check_stage", "SCHEMA_VERSION", "DEFAULT_REFERENCE"]
@@ -93,8 +94,6 @@ class StageResult(Data):
         """The first check that did not hold (what a ParityFailure names)."""
         return next((c for c in self.checks if not c.passed), None)
 
-    first_failure = failed_check
-
     @property
     def failed_metric(self) -> str | None:
         c = self.failed_check
@@ -108,12 +107,6 @@ class StageResult(Data):
         if c is None:
             return ParityFailure(self.stage, "passed", 0.0, 1.0, ">=")
         return ParityFailure(self.stage, c.metric, c.value, c.limit, c.op)
-
-    def raise_if_failed(self) -> "StageResult":
-        err = self.failure()
-        if err is not None:
-            raise err
-        return self
 
     def attach_layers(self, report: LayerReport) -> "StageResult":
         """Keep a per-layer report; its first divergence becomes the stage's (a located NaN/Inf
@@ -302,7 +295,7 @@ def check_stage(
         artifacts: files the stage wrote (name → path).
         locate_nonfinite: when the output holds NaN/Inf, find the first op/module producing it.
     Returns:
-        The :class:`StageResult` (never raises on a parity failure; call ``.raise_if_failed()``).
+        The :class:`StageResult` (never raises on a parity failure; ``.failure()`` is the error to raise).
     """
     t0 = time.perf_counter()
     ref = reference.output
@@ -328,8 +321,6 @@ def check_stage(
 
 
 def _locate(result: StageResult, runner: BaseRunner, reference: GoldenReference, per_batch: list[np.ndarray]) -> None:
-    from .nonfinite import locate_nonfinite_source
-
     b = next(i for i, o in enumerate(per_batch) if not np.isfinite(o).all())
     try:
         src = locate_nonfinite_source(runner, reference.feeds[b])

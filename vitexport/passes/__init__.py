@@ -79,14 +79,14 @@ from .attention import (
     unregister_attention_adapter,
     where_logits,
 )
-from .base import PASSES, ChangedSite, GraphPass, PassReport, SkippedSite, get_pass, maybe_copy, register_pass
+from .base import PASSES, ChangedSite, TorchPass, PassReport, SkippedSite, get_pass, maybe_copy, register_pass
 from .freeze_layernorm import LayerNormConstants, freeze_layernorm
 from .fuse_qkv import fuse_qkv
 from .mask_to_where import mask_to_where
 
 __all__ = [
     "PASSES",
-    "GraphPass",
+    "TorchPass",
     "PassReport",
     "SkippedSite",
     "ChangedSite",

@@ -6,16 +6,18 @@ found nothing says so (``found=0``), and ``changed=0`` is a statement, not a def
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Protocol
 
 import torch
+
+from ..results import Data, result
 
 __all__ = [
     "SkippedSite",
     "ChangedSite",
     "PassReport",
-    "GraphPass",
+    "TorchPass",
     "PASSES",
     "register_pass",
     "get_pass",
@@ -24,14 +26,14 @@ __all__ = [
 ]
 
 
-@dataclass
-class SkippedSite:
+@result
+class SkippedSite(Data):
     site: str
     reason: str
 
 
-@dataclass
-class ChangedSite:
+@result
+class ChangedSite(Data):
     """One rewritten site: ``action`` names what was done (``fold``, ``constants``, ``where``, ``fuse``)."""
 
     site: str
@@ -39,8 +41,8 @@ class ChangedSite:
     detail: str = ""
 
 
-@dataclass
-class PassReport:
+@result
+class PassReport(Data):
     """Outcome of one pass: ``found`` candidate sites, ``changed`` rewritten, ``skipped`` with reasons.
 
     ``stats`` holds the pass's other counts by name (e.g. ``attention_sites``, ``biases``).
@@ -77,19 +79,12 @@ class PassReport:
             s += f", {len(self.skipped)} skipped"
         return s
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "found": self.found,
-            "changed": self.changed,
-            "skipped": [{"site": s.site, "reason": s.reason} for s in self.skipped],
-            "notes": list(self.notes),
-            "changes": [{"site": c.site, "action": c.action, "detail": c.detail} for c in self.changes],
-            "stats": dict(self.stats),
-        }
 
+class TorchPass(Protocol):
+    """A pass over a torch module (``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv``): takes the
+    module and its example inputs, returns the rewritten module and a :class:`PassReport`. Passes over
+    an ONNX graph are :class:`vitexport.graph.passes.GraphPass` (onnx-ir's pass manager)."""
 
-class GraphPass(Protocol):
     name: str
 
     def __call__(
@@ -97,7 +92,7 @@ class GraphPass(Protocol):
     ) -> tuple[torch.nn.Module, PassReport]: ...
 
 
-PASSES: dict[str, GraphPass] = {}
+PASSES: dict[str, TorchPass] = {}
 
 
 def register_pass(name: str) -> Callable[[Callable], Callable]:
@@ -113,7 +108,7 @@ def register_pass(name: str) -> Callable[[Callable], Callable]:
     return deco
 
 
-def get_pass(name: str) -> GraphPass:
+def get_pass(name: str) -> TorchPass:
     try:
         return PASSES[name]
     except KeyError:

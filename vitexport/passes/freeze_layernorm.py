@@ -90,7 +90,7 @@ def _is_plain(norm: nn.Module) -> bool:
         return True
     if not type(norm).__module__.startswith("timm."):
         return False
-    try:
+    try:  # timm is loaded already when a timm LayerNorm exists; never imported for other models
         from timm.layers import LayerNorm as TimmLayerNorm
     except ImportError:
         return False

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..engines.torch_runner import primary_output
+from ..runners.torch_runner import primary_output
 from ._probe import run_model
 
 __all__ = ["output_deviation", "self_check_note"]

@@ -112,7 +112,7 @@ def _heads(model: "nn.Module") -> int:
 
 def _patch_conv(model: "nn.Module") -> "nn.Conv2d | None":
     """The first convolution: a ViT's patch embedding (stride = kernel), a CNN's stem."""
-    from torch import nn
+    from torch import nn  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     return next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
 
@@ -121,7 +121,7 @@ def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes:
                  setting: str) -> list[Need]:
     """What one forward over inputs of ``shapes`` needs: the inputs, and the largest activation
     (a ViT's attention matrix over its tokens, or a CNN stem's output)."""
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     needs = []
     for name, shape in shapes.items():
@@ -149,7 +149,7 @@ def forward_need(model: "nn.Module", shapes: dict[str, tuple[int, ...]], dtypes:
 def histogram_need(model: "nn.Module", num_bins: int, method: str) -> list[Need]:
     """Calibration histograms: ``2 * num_bins`` int64 counts (and float work arrays) for each
     observed tensor, about three per Linear / Conv layer."""
-    from torch import nn
+    from torch import nn  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     if method == "minmax":
         return []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from ..errors import BadInput, ResourceLimit, classify, user_code
+from ..runners.base import feed_size
 from .memory import Need, format_bytes, histogram_need, require
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,7 +24,7 @@ __all__ = ["check_model", "run_needs"]
 
 def _first_conv_hint(model: LoadedModel) -> str:
     """Why a forward failed when the input's channels are not what the first convolution takes."""
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     conv = next(((n, m) for n, m in model.module.named_modules() if isinstance(m, torch.nn.Conv2d)), None)
     image = next((v for v in model.example_inputs.values() if v.ndim == 4), None)
@@ -63,7 +64,7 @@ def _model_call(model: LoadedModel, what: str) -> Iterator[None]:
 
 
 def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    import torch
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
     outs = []
     with torch.no_grad():
@@ -82,7 +83,7 @@ def check_model(model: LoadedModel, samples: SampleSet) -> None:
         BadInput: another model raised on these inputs; the two runs disagree (the model is not
             deterministic in eval mode); labels outside the model's classes.
     """
-    batch = next(iter(model.example_inputs.values())).shape[0]
+    batch = feed_size(model.example_inputs)
     feeds = [next(iter(samples.batches(batch)))]
     with _model_call(model, "in forward"):
         first = _forward(model, feeds)

@@ -1,33 +1,21 @@
-"""Quantization in pt2e's shape: a target annotates (:mod:`.targets` → :mod:`.spec`), calibration
-measures (:mod:`.calibrate`, with smoothing from :mod:`.smooth`), conversion writes Q/DQ
+"""Quantization in pt2e's shape: the run's target annotates (:mod:`.annotate` → :mod:`.spec`),
+calibration measures (:mod:`.calibrate`, with smoothing from :mod:`.smooth`), conversion writes Q/DQ
 (:mod:`.convert`), the fallback keeps the fewest layers in float (:mod:`.fallback`);
-:mod:`.quantizer` runs them; :mod:`.engine` writes the Orin engine script."""
-from .bench import latency_ms, latency_ratio, measure_calibration_memory
-from .engine import build_engine, trtexec_command, write_engine_script
+:mod:`.quantizer` runs them. What differs per target comes from the
+:class:`~vitexport.targets.Target` it is handed: this package names no target."""
+from .annotate import annotate, attention_role
 from .quantizer import QuantReport, quantize_int8
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
-from .targets import TARGETS, CpuTarget, NpuTarget, OrinTarget, QuantTarget, check_placement, get_target
 
 __all__ = [
     "quantize_int8",
     "QuantReport",
-    "check_placement",
-    "write_engine_script",
-    "build_engine",
-    "trtexec_command",
-    "latency_ms",
-    "latency_ratio",
-    "measure_calibration_memory",
-    "QuantTarget",
-    "OrinTarget",
-    "NpuTarget",
-    "CpuTarget",
+    "annotate",
+    "attention_role",
     "QuantPlan",
     "NodeSpec",
     "NodeKind",
     "ActSpec",
     "WeightSpec",
     "Encoding",
-    "TARGETS",
-    "get_target",
 ]

@@ -2,7 +2,7 @@
 
 Two passes over the calibration data:
 
-1. *statistics* (the first ``quantization.equalize_samples``): per-channel max |X| and a sample of
+1. *statistics* (the first ``quantization.smooth_samples``): per-channel max |X| and a sample of
    activation rows at every quantized Linear's input;
 2. *ranges* (all samples, on the smoothed model): a streaming histogram per quantized activation.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -32,8 +32,11 @@ from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX
 from .search import QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
+from .annotate import attention_role
 from .spec import NodeKind, NodeSpec, QuantPlan
-from .targets import QuantTarget, attention_role
+
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
 
@@ -60,20 +63,20 @@ class CalibrationResult:
     reused: bool = False
 
 
-def table_settings(recipe: Recipe, target: QuantTarget, holdout: int) -> dict[str, Any]:
+def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, Any]:
     """Everything besides model and data that changes a table."""
     cal, q = recipe.calibration, recipe.quantization
     return {
-        "format": TABLE_FORMAT, "target": target.kind.value, "percentile": cal.percentile, "num_bins": cal.num_bins,
+        "format": TABLE_FORMAT, "target": target.name, "percentile": cal.percentile, "num_bins": cal.num_bins,
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
-        "smoothing": [q.equalize, q.equalize_alpha, q.equalize_samples, q.smooth_insert] if q.equalize else None,
+        "smoothing": [q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert] if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
 
 
-def arith_of(target: QuantTarget) -> QuantArith:
+def arith_of(target: Target) -> QuantArith:
     """The rounding the target's plans write, for the searches."""
     enc = target.encoding()
     return QuantArith(enc.symmetric, target.per_channel(), enc.weight_qmax)
@@ -98,7 +101,7 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
     tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
     obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
-    n = collect(model, samples.head(q.equalize_samples), obs, batch_size=cal.batch_size,
+    n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
                 budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_ROWS and o[0].amax is not None}
     return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok))
@@ -110,7 +113,7 @@ def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
     return next(n.acts[0].tensor for n in plan.nodes if n.node == first)
 
 
-def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats, recipe: Recipe,
+def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, recipe: Recipe,
             res: CalibrationResult) -> dict[str, np.ndarray]:
     """Choose each site's factors (searched α, or the recipe's), fold them in; returns linear node → s."""
     q = recipe.quantization
@@ -120,10 +123,10 @@ def _smooth(model: ir.Model, target: QuantTarget, plan: QuantPlan, stats: _Stats
         t = _site_tensor(plan, site)
         if t not in stats.absmax:
             continue
-        if q.equalize_alpha is None and t in stats.rows:
+        if q.smooth_alpha is None and t in stats.rows:
             alpha, s, _ = search_alpha(stats.rows[t], site_weights(model, site), stats.absmax[t], arith)
         else:
-            alpha = q.equalize_alpha if q.equalize_alpha is not None else 0.5
+            alpha = q.smooth_alpha if q.smooth_alpha is not None else 0.5
             s = compute_factors(model, site, stats.absmax[t], alpha)
         alphas[site.tensor] = alpha
         if alpha is not None:
@@ -174,7 +177,7 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
     return out
 
 
-def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
+def _ranges(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
             rows: dict, res: CalibrationResult) -> None:
     cal = recipe.calibration
     tensors = plan.tensors()
@@ -207,7 +210,7 @@ def _ranges(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Samp
     res.table.choices["range"] = chosen
 
 
-def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool) -> None:
+def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool) -> None:
     """Bias corrections (when ``correct``), and where the Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
@@ -225,7 +228,7 @@ def _bias(target: QuantTarget, rows: dict, res: CalibrationResult, correct: bool
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
 
 
-def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
+def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
     """Smooth ``model`` in place (when the recipe says so) and calibrate the plan's activations.
 
     Returns:
@@ -234,10 +237,10 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
     cal, q = recipe.calibration, recipe.quantization
     table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
     res = CalibrationResult(table, plan)
-    needs_stats = q.equalize or q.bias_correction or cal.method is CalibrationMethod.auto
+    needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
     stats = _statistics(model, plan, samples, recipe) if needs_stats and _linears(plan) else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
-    if q.equalize:
+    if q.smooth:
         factors = _smooth(model, target, plan, stats, recipe, res)
         res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)
@@ -246,7 +249,7 @@ def calibrate(model: ir.Model, target: QuantTarget, plan: QuantPlan, samples: Sa
     return res
 
 
-def reuse_table(path: Path, model: ir.Model, target: QuantTarget, plan: QuantPlan, key: dict[str, Any],
+def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, key: dict[str, Any],
                 notes: list[str], insert: bool = True) -> CalibrationResult | None:
     """The table at ``path`` applied to ``model`` when it matches ``key`` (model hash, data hash,
     method, settings); None otherwise (the caller calibrates). A matching table was made from this

@@ -1,7 +1,7 @@
 """Mixed-precision fallback: when INT8 misses the parity budget, keep the fewest layers in float.
 
 Decided honestly: on a held-out part of the *calibration* data (never the parity data the gate
-then scores), with the gate's own arithmetic (the target's :class:`~vitexport.engines.sessions.
+then scores), with the gate's own arithmetic (the target's :class:`~vitexport.runners.sessions.
 SessionConfig`) on the very graph that is written.
 
 1. *Rank* every quantized node by its local sensitivity: the node alone, as a one-node model, run
@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..calibration.feeds import FeedSet
-from ..engines.sessions import LOW_MEMORY, Session, SessionConfig
+from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..graph.query import const_array
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance

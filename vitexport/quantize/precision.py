@@ -29,7 +29,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from ..graph.passes import GraphPass, GraphPassReport
-from ..graph.query import const_array, opset_version, set_dtype
+from ..graph.query import const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
 
 __all__ = ["FP16_MAX", "Float16Islands", "to_opset", "precision_summary"]
@@ -219,8 +219,6 @@ class Float16Islands(GraphPass):
 def precision_summary(model: ir.Model) -> dict[str, float | int]:
     """What the engine will run, from the file alone: the INT8 share of GEMM/Conv multiply-accumulates
     and the bytes of FP16 and FP32 tensors (weights and activations of one run)."""
-    from ..graph.query import static_shape
-
     int8_macs = float_macs = 0
     for n in model.graph:
         if n.op_type not in ("MatMul", "Gemm", "Conv"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..calibration.data import SampleSet
 from ..calibration.feeds import FeedSet, split_samples
-from ..engines.sessions import LOW_MEMORY
+from ..check.contract import float16_violations
+from ..runners.sessions import LOW_MEMORY
+from ..runners.timing import latency_ratio
 from ..errors import BadInput, ContractViolation
-from ..graph.files import artifact_files, load_model, save_model
+from ..graph.files import load_model, save_model
 from ..io import sha256_file
 from ..memory import bounded_heap
 from ..parity.metrics import CompareResult
@@ -27,7 +29,9 @@ from .convert import INT8_MAX, QdqStats, WeightCache, convert
 from .fallback import evaluate, rank_sensitivity, run_outputs, search_fallback
 from .precision import Float16Islands, precision_summary, to_opset
 from .spec import QuantPlan
-from .targets import QuantTarget, float16_tensors, get_target
+
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
+    from ..targets.base import Target
 
 __all__ = ["QuantReport", "quantize_int8", "prepare_model"]
 
@@ -55,8 +59,8 @@ class QuantReport(BaseModel):
     quantized_nodes: int = 0
     qdq_pairs: int = 0
     weights_quantized: int = 0
-    equalized: int = 0
-    equalize_skipped: dict[str, str] = Field(default_factory=dict)
+    smoothed: int = 0
+    smooth_skipped: dict[str, str] = Field(default_factory=dict)
     skipped_nodes: dict[str, str] = Field(default_factory=dict)
     selection: str | None = None
     float_fallback: list[dict[str, Any]] = Field(default_factory=list)
@@ -74,7 +78,12 @@ class QuantReport(BaseModel):
         return self.model_dump(mode="json")
 
 
-def prepare_model(path: Path, target: QuantTarget) -> ir.Model:
+def _float16_tensors(model: ir.Model) -> list[str]:
+    """'initializer X is float16', one per float16 tensor, Cast or constant of the graph."""
+    return [f"{v.subject} {v.problem.split(',')[0]}" for v in float16_violations(model, "float16")]
+
+
+def prepare_model(path: Path, target: Target) -> ir.Model:
     """Load a float model for quantization: static shapes inferred, every node named.
 
     Raises:
@@ -84,9 +93,9 @@ def prepare_model(path: Path, target: QuantTarget) -> ir.Model:
     ir_common.NameFixPass()(model)
     ir_common.ShapeInferencePass(strict_mode=False)(model)
     if target.forbid_float16:
-        f16 = float16_tensors(model)
+        f16 = _float16_tensors(model)
         if f16:
-            raise ContractViolation(f"{path}: the {target.kind.value} target allows no float16 ({'; '.join(f16[:3])})")
+            raise ContractViolation(f"{path}: the {target.name} target allows no float16 ({'; '.join(f16[:3])})")
     return model
 
 
@@ -97,7 +106,7 @@ def _compare_dict(res: CompareResult | None) -> dict[str, Any] | None:
             "checks": [c.to_dict() for c in res.checks]}
 
 
-def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPlan, calib: SampleSet,
+def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, calib: SampleSet,
             recipe: Recipe, work_dir: Path, holdout: int, report: QuantReport) -> CalibrationResult:
     """A cached table that fits, else a fresh calibration (saved as ``calibration.json``)."""
     cal = recipe.calibration
@@ -112,7 +121,7 @@ def _scales(model: ir.Model, fp32_path: Path, target: QuantTarget, plan: QuantPl
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
-    report.equalized, report.equalize_skipped = res.smoothed, dict(res.smooth_skipped)
+    report.smoothed, report.smooth_skipped = res.smoothed, dict(res.smooth_skipped)
     report.skipped_nodes = dict(res.plan.skipped)
     return res
 
@@ -133,7 +142,7 @@ class _Builder:
 
 
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
-              target: QuantTarget, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
+              target: Target, recipe: Recipe, build: _Builder, report: QuantReport) -> tuple[ir.Model, QuantPlan]:
     """Check the INT8 model on the held-out selection data; keep layers in float until it passes."""
     tol, fb = recipe.tolerance("quantize_int8"), recipe.quantization.fallback
     feeds = FeedSet.for_model(select, model, recipe.calibration.batch_size)
@@ -168,9 +177,9 @@ def _holdout(recipe: Recipe, calib: SampleSet) -> tuple[SampleSet, SampleSet | N
     return split_samples(calib, fb.eval_samples) if gated and fb.enabled and fb.max_float_layers > 0 else (calib, None)
 
 
-def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, recipe: Recipe,
+def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, target: Target,
                   work_dir: str | Path) -> QuantReport:
-    """Quantize a float ONNX model to INT8 Q/DQ by the recipe's target rules.
+    """Quantize a float ONNX model to INT8 Q/DQ by the target's rules and its recipe's settings.
 
     Args:
         fp32_path: the float model (static shapes, single output).
@@ -178,7 +187,8 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         calib: calibration samples; when the recipe gates INT8 parity, the last
             ``quantization.fallback.eval_samples`` of them (at most a quarter) are held out to choose
             float fallback layers and are not calibrated on.
-        recipe: the validated recipe (target, calibration, quantization, parity).
+        target: the run's target (:func:`vitexport.targets.build_target`); its ``recipe`` gives the
+            calibration, quantization and parity settings.
         work_dir: where ``calibration.json`` (and the target's extra files) go.
     Returns:
         A :class:`QuantReport`.
@@ -189,10 +199,10 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
     work_dir.mkdir(parents=True, exist_ok=True)
-    target = get_target(recipe)
+    recipe = target.recipe
     model = prepare_model(fp32_path, target)
     plan = target.annotate(model)
-    report = QuantReport(target=target.kind.value, method=recipe.calibration.method.value)
+    report = QuantReport(target=target.name, method=recipe.calibration.method.value)
     if not plan.nodes:
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     calib_part, select = _holdout(recipe, calib)
@@ -214,11 +224,11 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     return report
 
 
-def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: QuantTarget, recipe: Recipe, out_path: Path,
+def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: Target, recipe: Recipe, out_path: Path,
            work_dir: Path, report: QuantReport) -> None:
     problems = target.validate(qdq)
     if problems:  # a bug in the converter, not a user error
-        raise RuntimeError(f"Q/DQ placement breaks the {target.kind.value} rules: {problems[:5]}")
+        raise RuntimeError(f"Q/DQ placement breaks the {target.name} rules: {problems[:5]}")
     stats = QdqStats(len(plan.nodes),
                      sum(1 for n in qdq.graph if n.op_type == "QuantizeLinear"),
                      sum(1 for n in qdq.graph if n.op_type == "DequantizeLinear" and n.inputs[0].is_initializer()))
@@ -230,30 +240,23 @@ def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: QuantTarget, recipe: 
     scales = {t: ranges[t]["amax"] / INT8_MAX for t in plan.tensors()}
     for key, path in target.write_artifacts(work_dir, scales, recipe.calibration.method.value).items():
         report.artifacts[key] = str(path)
-    if report.equalized and "calibration_cache" in report.artifacts:
+    if report.smoothed and "calibration_cache" in report.artifacts:
         report.notes.append("calibration.cache holds the scales of the smoothed graph (the factors are folded into "
                             "model.int8.onnx); it does not fit the un-smoothed float model")
 
 
-def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet, target: QuantTarget,
+def _latency(model: ir.Model, fp32_path: Path, out_path: Path, calib: SampleSet, target: Target,
              report: QuantReport) -> None:
     n_params = sum(int(np.prod(v.const_value.shape)) for v in model.graph.initializers.values()
                    if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT)
     if n_params > _MAX_TIMED_PARAMS:
         report.notes.append(f"latency not measured here ({n_params / 1e6:.0f} M parameters: timing would cost more "
-                            "memory and time than quantizing); vitexport.quantize.latency_ratio() measures it")
+                            "memory and time than quantizing); vitexport.runners.timing.latency_ratio() measures it")
         return
-    from .bench import latency_ratio
-
     feed = next(iter(FeedSet.for_model(calib, model, 1)))
     log.debug("timing FP32 vs INT8")
     lat = latency_ratio(fp32_path, out_path, feed, threads=2, runs=10, budget_s=6.0)
     report.latency, report.latency_ratio = lat, lat["speedup"]
     if lat["speedup"] < 1.0:
         report.notes.append(f"INT8 Q/DQ model is SLOWER than FP32 in ONNX Runtime on this CPU ({lat['speedup']:.2f}x, "
-                            f"2 threads); the Q/DQ layout targets {target.kind.value}")
-
-
-def written_files(out_path: Path) -> list[Path]:
-    """The files a quantized model occupies (the ``.onnx`` and, for a large model, its ``.data``)."""
-    return artifact_files(out_path)
+                            f"2 threads); the Q/DQ layout targets {target.name}")

@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..engines.torch_runner import primary_output
+from ..runners.torch_runner import primary_output
 from ..errors import BadInput
 
 __all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify", "seeded", "BUILD_SEED", "built_input_size"]

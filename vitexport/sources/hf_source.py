@@ -91,7 +91,7 @@ def _preprocess(folder: Path, config) -> Preprocess | None:
 
 
 def _read_config(path: Path, folder: str):
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
 
     cfg_file = path / "config.json"
     try:
@@ -118,7 +118,7 @@ def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, objec
         BadInput: missing folder / config, config or preprocessor values of the wrong type,
             unknown architecture, a model transformers cannot build from the config.
     """
-    import transformers
+    import transformers  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
     from transformers import AutoModel, AutoModelForImageClassification
 
     transformers.logging.set_verbosity_error()

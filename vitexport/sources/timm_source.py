@@ -17,7 +17,7 @@ def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int
     Raises:
         BadInput: unknown model name.
     """
-    import timm
+    import timm  # timm loads for timm: URIs only (its model zoo: seconds)
     from timm.data import resolve_data_config
 
     if not timm.is_model(name):

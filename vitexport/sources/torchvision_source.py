@@ -17,7 +17,7 @@ def load_torchvision(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, i
     Raises:
         BadInput: unknown model name.
     """
-    import torchvision
+    import torchvision  # torchvision loads for torchvision: URIs only
 
     names = set(torchvision.models.list_models())
     if name not in names:

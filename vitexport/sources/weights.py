@@ -7,6 +7,8 @@ import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
 from ..errors import BadInput, one_line
@@ -49,9 +51,6 @@ def _check_file(p: Path) -> None:
 
 
 def _read_safetensors(p: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return dict(load_file(str(p)))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

@@ -3,12 +3,14 @@
 Each stage is a small object following the :class:`Stage` protocol (name, enabled for a recipe,
 content key, run → artifacts, runner for its parity check); :func:`vitexport.pipeline.run_pipeline`
 is the one loop that times, meters, gates, records and resumes them. A target adds files and stages
-through :meth:`vitexport.quantize.targets.QuantTarget.contribution` (orin: ``build_engine.sh`` and
-the TensorRT engine stage).
+through :meth:`vitexport.targets.Target.contribution` (orin: ``build_engine.sh`` and the TensorRT
+engine stage, defined with the target); this package is handed the run's target and names none.
 """
 from __future__ import annotations
 
-from ..recipe import PASS_STAGES, Recipe
+from typing import TYPE_CHECKING
+
+from ..recipe import PASS_STAGES
 from .base import (
     FP32_ONNX,
     INT8_ONNX,
@@ -23,10 +25,12 @@ from .base import (
     module_hash,
     trim_memory,
 )
-from .engine import TENSORRT, BuildEngineStage, engine_script
 from .export import ExportStage, SimplifyStage
-from .quantize import CALIBRATION_FILES, QuantizeStage
+from .quantize import QuantizeStage
 from .torch_passes import PassStage
+
+if TYPE_CHECKING:
+    from ..targets.base import Target
 
 __all__ = [
     "Stage",
@@ -39,10 +43,6 @@ __all__ = [
     "ExportStage",
     "SimplifyStage",
     "QuantizeStage",
-    "BuildEngineStage",
-    "TENSORRT",
-    "engine_script",
-    "target_contribution",
     "pipeline_stages",
     "content_key",
     "module_hash",
@@ -50,26 +50,18 @@ __all__ = [
     "RAW_ONNX",
     "FP32_ONNX",
     "INT8_ONNX",
-    "CALIBRATION_FILES",
 ]
 
 
-def target_contribution(recipe: Recipe) -> Contribution:
-    """What the recipe's target adds to the pipeline (nothing for most targets)."""
-    from ..quantize import get_target
-
-    return get_target(recipe).contribution() or Contribution()
-
-
-def pipeline_stages(recipe: Recipe, contribution: Contribution | None = None) -> list[Stage]:
+def pipeline_stages(target: Target, contribution: Contribution | None = None) -> list[Stage]:
     """The stages of a run, in order: the torch passes, export, simplify, INT8, then the target's.
 
     Args:
-        recipe: the validated recipe (its target decides the contribution).
+        target: the run's target (its contribution: files beside the Q/DQ model, later stages).
         contribution: instead of the target's (a custom runtime, a test).
     Returns:
         Every stage, enabled or not (the loop asks each whether the recipe runs it).
     """
-    extra = contribution if contribution is not None else target_contribution(recipe)
+    extra = contribution if contribution is not None else target.contribution()
     return [*(PassStage(name) for name in PASS_STAGES), ExportStage(), SimplifyStage(),
             QuantizeStage(artifacts=extra.artifacts), *extra.stages]

@@ -18,15 +18,19 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..graph.files import artifact_files
+from ..io import sha256_file
+from ..memory import release_memory
 from ..recipe import Recipe, StageName
 
 if TYPE_CHECKING:
     import torch
 
     from ..calibration import SampleSet
-    from ..engines import BaseRunner
     from ..parity import GoldenReference, LayerReport
+    from ..runners import BaseRunner
     from ..sources import LoadedModel
+    from ..targets.base import Target
 
 __all__ = [
     "model_files",
@@ -100,13 +104,13 @@ class Stage(Protocol):
         """A runner over the stage's artifact, for its parity check (the loop activates it)."""
 
 
-#: writes a file beside the Q/DQ model: ``(int8_path, recipe) -> written path``
-ArtifactWriter = Callable[[Path, Recipe], Path]
+#: writes a file beside the Q/DQ model: ``(int8_path, target) -> written path``
+ArtifactWriter = Callable[[Path, "Target"], Path]
 
 
 @dataclass(frozen=True)
 class Contribution:
-    """What a target adds to the pipeline (``QuantTarget.contribution()``).
+    """What a target adds to the pipeline (``Target.contribution()``).
 
     Attributes:
         artifacts: files written beside the Q/DQ model by the ``quantize_int8`` stage, recorded
@@ -125,7 +129,8 @@ class RunContext:
 
     Attributes:
         model: the loaded model; ``model.module`` is the untouched source (None once consumed).
-        recipe, out_dir, calib: the run's recipe, output folder and calibration samples.
+        target: the run's target, built once (its ``recipe`` is the run's: :attr:`recipe`).
+        out_dir, calib: the run's output folder and calibration samples.
         reference: the golden reference, captured first from the untouched model.
         unmasked: output positions of real tokens (a text encoder's mask), else None.
         key: the content key of everything consumed so far (the last resumable stage's).
@@ -137,7 +142,7 @@ class RunContext:
     """
 
     model: LoadedModel
-    recipe: Recipe
+    target: Target
     out_dir: Path
     calib: SampleSet
     reference: GoldenReference
@@ -148,6 +153,11 @@ class RunContext:
     module: torch.nn.Module | None = None
     owned: bool = False
     files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> Recipe:
+        """The run's recipe (the target's)."""
+        return self.target.recipe
 
     def release_torch(self) -> None:
         """Free the rewritten torch model (and the source when it may be consumed): the ONNX
@@ -182,21 +192,15 @@ def module_hash(module: torch.nn.Module, example_inputs: dict[str, torch.Tensor]
 
 def model_files(path: Path) -> dict[str, Path]:
     """A saved ONNX model's files by name: the ``.onnx`` and, for a large model, its ``.data``."""
-    from ..graph.files import artifact_files
-
     return {p.name: p for p in artifact_files(path)}
 
 
 def model_hash(path: Path) -> str:
     """Content hash of a saved ONNX model (every file it occupies)."""
-    from ..io import sha256_file
-
     return content_key(*[sha256_file(p) for p in model_files(path).values()])
 
 
 def trim_memory() -> None:
     """Collect cycles (torch modules hold some) and hand the freed heap back to the OS."""
-    from ..memory import release_memory
-
     gc.collect()
     release_memory()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..recipe import Recipe, StageName
+from ..runners import OnnxRuntimeRunner
 from .base import FP32_ONNX, RAW_ONNX, RunContext, StageOutput, content_key, model_files, model_hash, module_hash, trim_memory
 
 __all__ = ["ExportStage", "SimplifyStage"]
@@ -27,7 +28,7 @@ class ExportStage:
                            r.stages.model_dump(mode="json"), r.contract.allowed_ops)
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..export import export_onnx
+        from ..export import export_onnx  # vitexport.export loads torch (~2 s): quantize-only users of vitexport.targets never need it
 
         raw = ctx.out_dir / RAW_ONNX
         trim_memory()  # the exporter holds about two more copies of the weights: start from a trimmed heap
@@ -36,8 +37,6 @@ class ExportStage:
                            details={"export": exp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
-
         return OnnxRuntimeRunner(out.files[RAW_ONNX], name=self.name)
 
 
@@ -55,13 +54,11 @@ class SimplifyStage:
         return content_key(ctx.key, model_hash(ctx.files[RAW_ONNX]), r.contract.model_dump(mode="json"), r.export.simplify)
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..export import simplify_onnx
+        from ..export import simplify_onnx  # vitexport.export loads torch (~2 s): quantize-only users of vitexport.targets never need it
 
         fp32 = ctx.out_dir / FP32_ONNX
-        simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.recipe)
+        simp = simplify_onnx(ctx.files[RAW_ONNX], fp32, ctx.target)
         return StageOutput(files=model_files(fp32), notes=list(simp.notes), details={"simplify": simp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
-
         return OnnxRuntimeRunner(out.files[FP32_ONNX], name=self.name)

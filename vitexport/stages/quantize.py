@@ -6,18 +6,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ..parity import localize_layers
+from ..quantize import quantize_int8
 from ..recipe import Recipe, StageName
+from ..runners import OnnxRuntimeRunner
 from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key, model_files, model_hash
 
-__all__ = ["QuantizeStage", "CALIBRATION_FILES"]
-
-#: what ``quantize_int8`` leaves beside the model (kept, hashed and resumed with it)
-CALIBRATION_FILES = ("calibration.json", "calibration.cache")
+__all__ = ["QuantizeStage"]
 
 
 @dataclass(frozen=True)
 class QuantizeStage:
-    """Calibrated Q/DQ INT8 (``vitexport.quantize.quantize_int8``).
+    """Calibrated Q/DQ INT8 (``vitexport.quantize.quantize_int8``): the model, its scale table, the
+    files the target writes from the scales, and those its contribution writes beside the model.
 
     Attributes:
         artifacts: the target's writers of files beside the Q/DQ model (``Contribution.artifacts``).
@@ -34,34 +35,27 @@ class QuantizeStage:
         r = ctx.recipe
         return content_key(ctx.key, model_hash(ctx.files[FP32_ONNX]), ctx.calib.fingerprint(),
                            r.calibration.model_dump(mode="json"), r.quantization.model_dump(mode="json"),
-                           r.target.value, r.tolerance(self.name).model_dump(mode="json"))
+                           r.target, r.tolerance(self.name).model_dump(mode="json"))
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..quantize import quantize_int8
-
-        r, fp32, int8 = ctx.recipe, ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        q = quantize_int8(fp32, int8, ctx.calib, r, ctx.out_dir)
-        notes = [*q.notes, *_predicted(q), *_precision(q), _target(r).arithmetic]
-        files = {**model_files(int8), **{n: ctx.out_dir / n for n in CALIBRATION_FILES if (ctx.out_dir / n).is_file()}}
+        fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
+        q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir)
+        notes = [*q.notes, *_predicted(q), *_precision(q), ctx.target.arithmetic]
+        # the scale table and what the target wrote from the scales (orin: calibration.cache) are
+        # kept, hashed and resumed with the model
+        written = [Path(p) for key, p in q.artifacts.items() if key != "model"]
+        files = {**model_files(int8), **{p.name: p for p in written if p.is_file()}}
         for write in self.artifacts:
-            path = Path(write(int8, r))
+            path = Path(write(int8, ctx.target))
             files[path.name] = path
         return StageOutput(files=files, notes=notes, details={"quantize": q.to_dict()},
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import OnnxRuntimeRunner
-
         # The gate measures what the target computes: ONNX Runtime's fused integer kernels for
         # cpu, float Q/DQ semantics (fake quantization) for TensorRT and NPU targets - the same
         # session configuration the fallback chose its float layers with.
-        return OnnxRuntimeRunner(out.files[INT8_ONNX], name=self.name, config=_target(ctx.recipe).gate_config)
-
-
-def _target(recipe: Recipe):
-    from ..quantize import get_target
-
-    return get_target(recipe)
+        return OnnxRuntimeRunner(out.files[INT8_ONNX], name=self.name, config=ctx.target.gate_config)
 
 
 def _precision(q) -> list[str]:
@@ -95,7 +89,5 @@ def _predicted(q) -> list[str]:
 
 def _layers(ctx: RunContext, fp32: Path, int8: Path):
     """Per-layer localisation of the INT8 error against the untouched model (FP32 beside INT8)."""
-    from ..parity import localize_layers
-
     return localize_layers(ctx.model.module, ctx.reference.feeds, {"fp32": fp32, "int8": int8},
                            budget=ctx.recipe.tolerance(StageName.quantize_int8), reference_layers=ctx.reference.layers)

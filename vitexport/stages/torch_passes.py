@@ -33,7 +33,7 @@ class PassStage:
         return None
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ..passes import get_pass
+        from ..passes import get_pass  # the torch passes load torch (~2 s): ONNX-only users never need it
 
         spec = ctx.recipe.toggle(self.name)
         ctx.module, report = get_pass(self.name)(ctx.module, ctx.model.example_inputs, spec, inplace=ctx.owned)
@@ -42,6 +42,6 @@ class PassStage:
         return StageOutput(notes=notes, details={"pass_report": report.to_dict()}, changed=report.changed)
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        from ..engines import TorchRunner
+        from ..runners import TorchRunner  # torch, as above
 
         return TorchRunner(ctx.module, ctx.model.example_inputs, name=self.name)

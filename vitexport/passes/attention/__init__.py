@@ -1,6 +1,6 @@
 """How the passes recognise and rewrite attention, in every family, without per-family code.
 
-The model runs once under observation (:mod:`.observe`); attention is recognised by its shape in that
+The model runs once under observation (:mod:`.observation`); attention is recognised by its shape in that
 run (:mod:`.patterns`: softmax between two products of projections, or
 ``scaled_dot_product_attention``), and each mask term is told apart from a bias. Rewrites use the
 hook each module offers: transformers' attention registry for Hugging Face models
@@ -25,7 +25,7 @@ from .base import (
 )
 from .fused import FusedProjection, ProjectionSlice, fuse_projections
 from .mha_adapter import MultiheadAttentionAdapter
-from .observed import ObservedAttention
+from .observed_adapter import ObservedAttention
 from .ops import (
     MASKED_AT_OR_BELOW,
     bind_call,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .observe import ADD, LINEAR, MASKED_FILL, MATMUL, SDPA, SOFTMAX, WHERE, Node, Observation, Values
+from .observation import ADD, LINEAR, MASKED_FILL, MATMUL, SDPA, SOFTMAX, WHERE, Node, Observation, Values
 from .ops import MASKED_AT_OR_BELOW
 
 __all__ = ["MaskTerm", "Pattern", "find_patterns"]

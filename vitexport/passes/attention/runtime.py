@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .observe import COUNTED, SOFTMAX, func_name
+from .observation import COUNTED, SOFTMAX, func_name
 from .ops import keep_from_mask, masked_value
 
 __all__ = ["MaskAction", "StashAction", "SitePlan", "SiteRewrite", "install_plan"]

@@ -1,6 +1,6 @@
 """Finding the attention modules of a model: one observed run, registered adapters where they apply.
 
-The model runs once (:mod:`.observe`) and every attention in that run is recognised by its shape
+The model runs once (:mod:`.observation`) and every attention in that run is recognised by its shape
 (:mod:`.patterns`), whichever library wrote it. A module a registered adapter matches (a user's own
 adapter, ``nn.MultiheadAttention`` whose math happens inside one opaque call) is that adapter's site;
 every other attention is an :class:`~.observed.ObservedAttention` site.
@@ -15,8 +15,8 @@ from torch import nn
 
 from .._probe import probe_inputs
 from .base import AttentionAdapter, QKVLayout, adapter_for
-from .observe import observe
-from .observed import ObservedAttention
+from .observation import observe
+from .observed_adapter import ObservedAttention
 from .ops import is_binary_additive
 from .patterns import MaskTerm, find_patterns
 

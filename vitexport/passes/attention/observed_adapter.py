@@ -14,7 +14,7 @@ from torch import nn
 from . import hf_interface
 from .base import AttentionAdapter, QKVLayout, SiteUnsupported
 from .fused import fuse_projections
-from .observe import LINEAR, ModuleCall, Observation
+from .observation import LINEAR, ModuleCall, Observation
 from .patterns import MaskTerm, Pattern
 from .runtime import MaskAction, SitePlan, StashAction, install_plan
 

@@ -9,7 +9,7 @@ calibrated with several sessions still holds its weights once.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -17,6 +17,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+
+from ..graph.files import as_model
+from ..graph.weights import weights_as_inputs
+from ..memory import release_memory
 
 __all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING"]
 
@@ -60,14 +64,11 @@ class SessionConfig:
     qdq_as_float: bool = False
     spinning: bool = False
 
-    def replace(self, **changes) -> "SessionConfig":
-        return SessionConfig(**{**self.__dict__, **changes})
-
 
 #: calibration and evaluation sessions: no arena, no pre-packing, no spinning threads
 LOW_MEMORY = SessionConfig(optimization="extended", low_memory=True)
 #: the float-semantics Q/DQ arithmetic of TensorRT / NPU targets
-QDQ_AS_FLOAT = LOW_MEMORY.replace(qdq_as_float=True)
+QDQ_AS_FLOAT = replace(LOW_MEMORY, qdq_as_float=True)
 #: latency measurement: every optimisation, pre-packed weights, spinning threads, as deployed
 TIMING = SessionConfig(threads=2, optimization="all", spinning=True)
 
@@ -126,20 +127,14 @@ class Session:
         self.weights: dict[str, np.ndarray] = {}
         opts = session_options(config)
         if outputs is not None and not isinstance(model, ir.Model):
-            from ..graph.files import as_model
-
             model = as_model(model)
         if isinstance(model, ir.Model):
-            from ..graph.weights import weights_as_inputs
-
             with weights_as_inputs(model) as (proto, weights):
                 self.weights = {k: np.ascontiguousarray(t.numpy(), dtype=np.float32) for k, t in weights.items()}
                 if outputs is not None:
                     del proto.graph.output[:]
                     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
                 self.session = _from_proto(proto, opts)
-            from ..memory import release_memory
-
             release_memory()  # the serialised model is gone: hand its pages back (glibc keeps them)
         else:
             if isinstance(model, onnx.ModelProto):

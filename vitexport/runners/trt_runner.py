@@ -22,7 +22,7 @@ def tensorrt_missing() -> list[str]:
     """What the TensorRT path lacks here: any of ``tensorrt``, ``polygraphy``, ``a CUDA GPU``."""
     missing = [m for m in ("tensorrt", "polygraphy") if importlib.util.find_spec(m) is None]
     try:
-        import torch
+        import torch  # torch only to ask for a CUDA device
 
         gpu = bool(torch.cuda.is_available())
     except Exception:  # pragma: no cover - a broken CUDA install reads as no GPU

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TensorRTParser", "TENSORRT_10_3", "TENSORRT_8_6", "tensorrt_parser"]
+__all__ = ["TensorRTParser", "TENSORRT_10_3", "TENSORRT_8_6"]
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,8 @@ _OPS_10_3 = frozenset({
     "Unsqueeze", "Upsample", "Where", "Xor",
 })
 
+#: JetPack 6.1 / 6.2 (the orin target)
 TENSORRT_10_3 = TensorRTParser("TensorRT 10.3", 9, 20, _OPS_10_3)
+#: JetPack 5 / 6.0 (the orin-jp5 target)
 TENSORRT_8_6 = TensorRTParser("TensorRT 8.6", 1, 17, _OPS_10_3 - {"CastLike", "DeformConv", "Gelu", "Hardmax", "Mish"})
 
-
-def tensorrt_parser(strongly_typed: bool) -> TensorRTParser:
-    """The parser an orin recipe builds with: ``quantization.strongly_typed`` means TensorRT 10
-    (JetPack 6.1+), its absence TensorRT 8 (JetPack 5 / 6.0, ``--int8 --fp16``)."""
-    return TENSORRT_10_3 if strongly_typed else TENSORRT_8_6

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 
-from vitexport.engines import OnnxRuntimeRunner, OpenVinoRunner, save_ir
-from vitexport.engines.sessions import QDQ_AS_FLOAT
+from vitexport.runners import OnnxRuntimeRunner, OpenVinoRunner, save_ir
+from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "toolchains"))

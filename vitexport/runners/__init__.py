@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import BaseRunner, InputSpec
+from .base import BaseRunner, InputSpec, feed_size
 from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
 from .openvino_runner import OpenVinoRunner, RuntimePrecisions, runtime_precisions, save_ir
 from .reference_runner import OnnxReferenceRunner
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BaseRunner",
     "InputSpec",
+    "feed_size",
     "TorchRunner",
     "OnnxRuntimeRunner",
     "QDQ_AS_FLOAT",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import BaseRunner, InputSpec
+from .base import BaseRunner, InputSpec, feed_size
 
 __all__ = ["TorchRunner", "primary_output"]
 
@@ -63,7 +63,7 @@ class TorchRunner(BaseRunner):
         feeds = list(feeds)
         if len(feeds) < 2 or not self.batch_agnostic:
             return super().infer_many(feeds)
-        sizes = [len(next(iter(f.values()))) for f in feeds]
+        sizes = [feed_size(f) for f in feeds]
         out: list[dict[str, np.ndarray]] = []
         i = 0
         try:

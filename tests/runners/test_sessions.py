@@ -7,7 +7,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from vitexport.engines.sessions import LOW_MEMORY, QDQ_AS_FLOAT, TIMING, Session
+from vitexport.runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, TIMING, Session
 from vitexport.graph import load_model, save_model
 
 
@@ -64,7 +64,7 @@ def _qdq_model() -> ir.Model:
 
 
 def test_in_memory_model_with_large_constants_goes_through_a_file(tmp_path, monkeypatch):
-    import vitexport.engines.sessions as sessions
+    import vitexport.runners.sessions as sessions
 
     model = _qdq_model()
     x = np.random.default_rng(3).standard_normal((2, 256)).astype(np.float32)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitexport.engines import (
+from vitexport.runners import (
     BaseRunner,
     OnnxReferenceRunner,
     OnnxRuntimeRunner,
@@ -46,7 +46,7 @@ class _Net(nn.Module):
 def net_and_onnx(tmp_path_factory):
     net = _Net().eval()
     ex = {"x": torch.randn(2, 3, 8, 8), "ids": torch.randint(0, 20, (2, 4))}
-    path = tmp_path_factory.mktemp("engines") / "net.onnx"
+    path = tmp_path_factory.mktemp("runners") / "net.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(net, tuple(ex.values()), str(path), input_names=list(ex), output_names=["logits"],
@@ -56,7 +56,7 @@ def net_and_onnx(tmp_path_factory):
     return net, ex, path, feed
 
 
-def test_three_engines_agree(net_and_onnx):
+def test_three_runners_agree(net_and_onnx):
     net, ex, path, feed = net_and_onnx
     outs = {}
     for runner in (TorchRunner(net, ex), OnnxRuntimeRunner(path), OnnxReferenceRunner(path)):
@@ -126,7 +126,7 @@ def test_primary_output_shapes():
 def test_tensorrt_is_imported_lazily():
     """Neither TensorRT, Polygraphy nor matplotlib (report plots) is imported with the package (the
     engine stage and ``vitexport check`` included), and importing configures no logging."""
-    code = ("import logging, sys, vitexport.engines, vitexport.parity, vitexport.stages, vitexport.check, "
+    code = ("import logging, sys, vitexport.runners, vitexport.parity, vitexport.stages, vitexport.check, "
             "vitexport.quantize, vitexport.cli; print('tensorrt' in sys.modules, 'polygraphy' in sys.modules, "
             "'matplotlib' in sys.modules, bool(logging.getLogger().handlers))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -134,7 +134,8 @@ def test_tensorrt_is_imported_lazily():
     assert out.stdout.strip() == "False False False False"
     assert isinstance(tensorrt_available(), bool)
     # ONNX-only work (quantize, calibrate, compare two ONNX files) does not import torch either
-    code = "import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.engines; print('torch' in sys.modules)"
+    code = ("import sys, vitexport.quantize, vitexport.calibration, vitexport.parity, vitexport.runners, "
+            "vitexport.targets, vitexport.check; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -175,7 +176,7 @@ def test_tensorrt_runner_matches_onnxruntime(net_and_onnx, tmp_path):  # pragma:
 def test_tensorrt_qdq_engine_runs_fake_quantization(tmp_path, strongly_typed):  # pragma: no cover - GPU only
     """A Q/DQ model built both ways (TensorRT 10 strongly typed; TensorRT 8's --int8 --fp16) computes
     what ONNX Runtime computes with Q/DQ as float ops."""
-    from vitexport.engines import QDQ_AS_FLOAT
+    from vitexport.runners import QDQ_AS_FLOAT
     from vitexport.quantize import build_engine
 
     _qdq_matmul(tmp_path / "q.onnx")
@@ -205,7 +206,7 @@ def _qdq_matmul(path):
 
 def test_ort_runner_config_runs_qdq_as_float(tmp_path):
     """``config`` reaches the session; with QDQ_AS_FLOAT the runner computes exact fake quantization."""
-    from vitexport.engines import QDQ_AS_FLOAT
+    from vitexport.runners import QDQ_AS_FLOAT
 
     w = _qdq_matmul(tmp_path / "q.onnx")
     x = np.random.default_rng(4).uniform(-3, 3, (3, 6)).astype(np.float32)

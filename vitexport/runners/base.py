@@ -7,13 +7,18 @@ checks input names, shapes and dtypes against the runner's declared inputs; subc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..errors import BadInput
 
-__all__ = ["InputSpec", "BaseRunner"]
+__all__ = ["InputSpec", "BaseRunner", "feed_size"]
+
+
+def feed_size(feed: Mapping[str, Any]) -> int:
+    """The number of samples in a feed (input name → array or tensor, samples along axis 0)."""
+    return int(next(iter(feed.values())).shape[0])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 OpenVINO reads vitexport's Q/DQ ONNX directly; on the CPU plugin the Q/DQ around MatMul / Conv become
 u8/i8 kernels (``FullyConnected u8``, ``Convolution u8`` in the runtime model). ``model.xml`` /
 ``model.bin`` written by :func:`save_ir` are what Intel's NPU plugin compiles too. OpenVINO is imported
-on first use (as TensorRT is), so importing the engines costs nothing.
+on first use (as TensorRT is), so importing the runners costs nothing.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime (CPU) runner: the runner interface over a :class:`~vitexport.engines.sessions.Session`."""
+"""ONNX Runtime (CPU) runner: the runner interface over a :class:`~vitexport.runners.sessions.Session`."""
 from __future__ import annotations
 
 from pathlib import Path

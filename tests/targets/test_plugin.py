@@ -1,0 +1,105 @@
+"""A target from another package: one module registering itself, one recipe beside it, found
+through the ``vitexport.targets`` entry point, with no change to vitexport. It appears in
+``vitexport targets``, exports the demo, writes its own file and ``vitexport check`` runs its rule."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+TOY_MODULE = '''
+"""A toy accelerator: symmetric per-tensor INT8 with shared Q/DQ pairs, a scale list beside the model."""
+from pathlib import Path
+
+import onnx_ir as ir
+
+from vitexport.check.rules import RuntimeRules, qdq_scale, violation
+from vitexport.targets import Target, register_target
+
+
+class ToyRules(RuntimeRules):
+    RULES = RuntimeRules.RULES + ("toy.per_tensor",)
+
+    def qdq(self, n: ir.Node, opset: int):
+        out = super().qdq(n, opset)
+        scale = qdq_scale(n)
+        if scale is not None and scale.size > 1:
+            out.append(violation("toy.per_tensor", n, "has a per-channel scale", "quantize per tensor"))
+        return out
+
+
+@register_target
+class ToyTarget(Target):
+    name = "toy"
+    description = "Toy accelerator, per-tensor INT8 (a plug-in)"
+    force_per_tensor = True
+
+    def rules(self):
+        return ToyRules()
+
+    def write_artifacts(self, work_dir: Path, scales, method):
+        path = Path(work_dir) / "toy_scales.txt"
+        path.write_text("".join(f"{name} {scale:.8g}\\n" for name, scale in sorted(scales.items())))
+        return {"toy_scales": path}
+'''
+
+TOY_RECIPE = """\
+# the toy accelerator takes opset 13 and no more
+target: toy
+export: {opset: 13}
+contract: {max_opset: 13}
+"""
+
+
+def _plugin(site: Path, entry: str) -> dict[str, str]:
+    """A package installed the way pip leaves one (module + dist-info with entry points) under ``site``."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "toy_target.py").write_text(TOY_MODULE)
+    (site / "toy.yaml").write_text(TOY_RECIPE)
+    info = site / "toy_plugin-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[vitexport.targets]\n{entry}\n")
+    return {**os.environ, "PYTHONPATH": str(site)}
+
+
+def _cli(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitexport", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_plugin_target_lists_exports_the_demo_and_checks(tmp_path):
+    env = _plugin(tmp_path / "site", "toy = toy_target")
+    listed = _cli(env, "targets", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "toy        Toy accelerator, per-tensor INT8 (a plug-in)" in listed.stdout.splitlines()
+    assert "orin" in listed.stdout  # vitexport's own stay
+
+    out = tmp_path / "out"
+    run = _cli(env, "export", "--target", "toy", "--out", out, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["passed"] and manifest["recipe"]["target"] == "toy" and "toy_scales.txt" in manifest["artifacts"]
+    scales = (out / "toy_scales.txt").read_text().splitlines()
+    assert scales and all(float(line.split()[1]) > 0 for line in scales)
+    assert "build_engine.sh" not in manifest["artifacts"]  # no TensorRT here: the toy adds no engine
+    details = {s["stage"]: s for s in json.loads((out / "parity.json").read_text())["stages"]}
+    assert details["quantize_int8"]["details"]["quantize"]["artifacts"]["toy_scales"].endswith("toy_scales.txt")
+
+    check = _cli(env, "check", out / "model.int8.onnx", "--target", "toy", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "(toy target)" in check.stdout
+
+
+def test_a_broken_plugin_costs_only_its_own_targets(tmp_path):
+    env = _plugin(tmp_path / "site", "broken = no_such_module_anywhere")
+    listed = _cli(env, "targets", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "orin" in listed.stdout and "broken" not in listed.stdout
+    assert "entry point 'broken'" in listed.stderr and len(listed.stderr.strip().splitlines()) == 1

@@ -1,0 +1,131 @@
+"""vitexport as a user installs it: a wheel built from the checkout, installed by pip into a venv
+outside the checkout, run from a folder that is not the checkout.
+
+The venv's dependencies come from the package index the way ``make setup`` gets them (pip resolving
+the wheel's own requirements; torch from the local files). Installing them costs ~2.5 minutes and
+6 GB (torch with its CUDA libraries), so the venv holding them is kept between runs, outside the
+checkout, keyed by the wheel's requirements (``~/.cache/vitexport-tests/``, or
+``VITEXPORT_TEST_CACHE``); vitexport itself is reinstalled from the freshly built wheel every run and
+``pip check`` proves the kept dependencies satisfy it. A fresh machine (CI) builds the venv from scratch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import ROOT
+
+pytestmark = pytest.mark.slow
+
+#: package data an installed vitexport reads: each target's recipe and the demo (model, weights, splits)
+PACKAGE_DATA = ("vitexport/targets/orin.yaml", "vitexport/targets/orin-jp5.yaml", "vitexport/targets/npu.yaml",
+                "vitexport/targets/cpu.yaml", "vitexport/demo/demo_vit.safetensors", "vitexport/demo/calib.npz",
+                "vitexport/demo/heldout.npz")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without anything that points Python at the checkout or its venv."""
+    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(str(ROOT)))
+    return env
+
+
+def _build_wheel(dest: Path) -> Path:
+    """The wheel of a copy of the checkout's package sources (setuptools leaves ``build/`` and
+    ``*.egg-info`` where it builds, and a stale ``build/lib`` would slip old modules into the wheel)."""
+    src = dest / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "vitexport", src / "vitexport", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", dest, src], dest, _clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wheels = list(dest.glob("vitexport-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def _requirements(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        return sorted(line for line in z.read(meta).decode().splitlines() if line.startswith("Requires-Dist:")
+                      and "extra ==" not in line)
+
+
+def _venv(wheel: Path, env: dict[str, str]) -> Path:
+    """A venv outside the checkout with the wheel's dependencies, kept per set of requirements."""
+    cache = Path(os.environ.get("VITEXPORT_TEST_CACHE", Path.home() / ".cache" / "vitexport-tests"))
+    key = hashlib.sha256("\n".join([sys.version, *_requirements(wheel)]).encode()).hexdigest()[:16]
+    venv = cache / f"wheel-venv-{key}"
+    assert not venv.resolve().is_relative_to(ROOT), "the test venv must live outside the checkout"
+    if not (venv / ".complete").is_file():
+        for old in cache.glob("wheel-venv-*"):  # another set of requirements: 6 GB each, keep one
+            shutil.rmtree(old, ignore_errors=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        base = getattr(sys, "_base_executable", sys.executable)  # the interpreter the project venv was made from
+        proc = _run([base, "-m", "venv", venv], cache, env)
+        assert proc.returncode == 0, proc.stderr
+        proc = _run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], cache, env, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (venv / ".complete").write_text(key)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, wheel, a working folder outside the checkout) with the freshly built wheel installed."""
+    work = tmp_path_factory.mktemp("installed")
+    assert not work.resolve().is_relative_to(ROOT)
+    env = _clean_env()
+    wheel = _build_wheel(work)
+    venv = _venv(wheel, env)
+    py = venv / "bin" / "python"
+    proc = _run([py, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel], work, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run([py, "-m", "pip", "check"], work, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the kept dependencies satisfy this wheel
+    return venv, wheel, work, env
+
+
+def test_the_wheel_carries_the_recipes_and_the_demo_as_real_files(installed):
+    _, wheel, _, _ = installed
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for name in PACKAGE_DATA:
+            assert name in names, name
+            assert z.read(name) == (ROOT / name).read_bytes(), f"{name} differs from the checkout's"
+
+
+def test_installed_vitexport_lists_exports_and_checks_from_any_folder(installed):
+    venv, _, work, env = installed
+    cli = venv / "bin" / "vitexport"
+    where = _run([venv / "bin" / "python", "-c", "import vitexport; print(vitexport.__file__)"], work, env)
+    assert Path(where.stdout.strip()).resolve().is_relative_to(venv.resolve()), where.stdout  # not the checkout
+
+    targets = _run([cli, "targets"], work, env)
+    assert targets.returncode == 0, targets.stderr
+    assert {line.split()[0] for line in targets.stdout.splitlines()} >= {"orin", "orin-jp5", "npu", "cpu"}
+
+    out = work / "demo-orin"
+    export = _run([cli, "export", "--target", "orin", "--out", out], work, env)
+    assert export.returncode == 0, export.stdout + export.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["passed"] and {"model.int8.onnx", "build_engine.sh", "calibration.cache"} <= set(manifest["artifacts"])
+
+    check = _run([cli, "check", out / "model.int8.onnx", "--target", "orin"], work, env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "passes the" in check.stdout and "recipes/orin.yaml" in check.stdout

@@ -1,0 +1,130 @@
+"""Annotate: which nodes of a float graph get INT8 inputs, as a :class:`~.spec.QuantPlan`.
+
+The walk is the same for every target: Conv / MatMul / Gemm with a constant float weight are
+Linears, and the two batched MatMuls next to a Softmax are attention. What differs per target comes
+from the :class:`~vitexport.targets.Target` it is given: the encoding, per-channel weights, and
+which attention shapes it quantizes (``Target.attention_ok``: orin's fused INT8 attention).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph.query import attr, is_const, static_shape
+from .spec import ActSpec, NodeKind, NodeSpec, QuantPlan, WeightSpec
+
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
+    from ..targets.base import Target
+
+__all__ = ["annotate", "attention_role", "LINEAR_OPS"]
+
+LINEAR_OPS = ("MatMul", "Gemm", "Conv")
+# ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
+_SCORE_OPS = frozenset({"Mul", "Div", "Add", "Where", "Cast", "Identity", "Dropout", "Sub"})
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    if not shape:
+        return 0
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def attention_role(node: ir.Node) -> str | None:
+    """'pv' if the MatMul's left operand comes from a Softmax, 'qk' if its output reaches one, else None."""
+    v = node.inputs[0]
+    for _ in range(4):
+        p = v.producer() if v is not None else None
+        if p is None:
+            break
+        if p.op_type == "Softmax":
+            return "pv"
+        if p.op_type not in _SCORE_OPS:
+            break
+        v = p.inputs[0]
+    frontier, depth = list(node.outputs), 0
+    while frontier and depth < 6:
+        nxt = []
+        for value in frontier:
+            for use in value.uses():
+                if use.node.op_type == "Softmax":
+                    return "qk"
+                if use.node.op_type in _SCORE_OPS:
+                    nxt.extend(use.node.outputs)
+        frontier, depth = nxt, depth + 1
+    return None
+
+
+def annotate(model: ir.Model, target: Target) -> QuantPlan:
+    """Decide which nodes get INT8 inputs (needs static shapes). Never modifies the graph.
+
+    Args:
+        model: the float graph, shapes inferred.
+        target: the run's target (its encoding, per-channel choice and attention rule).
+    Returns:
+        The frozen :class:`QuantPlan`; nodes left in float are in ``plan.skipped`` with the reason.
+    """
+    nodes: list[NodeSpec] = []
+    skipped: dict[str, str] = {}
+    per_channel = target.per_channel()
+    for n in model.graph:
+        if n.op_type not in LINEAR_OPS or n.domain not in ("", "ai.onnx"):
+            continue
+        spec, why = _node(n, per_channel, target)
+        if spec is None:
+            skipped[n.name] = why
+        else:
+            nodes.append(spec)
+    return QuantPlan(target.name, tuple(nodes), target.encoding(), skipped)
+
+
+def _node(n: ir.Node, per_channel: bool, target: Target) -> tuple[NodeSpec | None, str]:
+    x = n.inputs[0]
+    if x is None or x.dtype not in (None, ir.DataType.FLOAT):
+        return None, "input is not float32"
+    if n.op_type == "MatMul" and not is_const(n.inputs[1]):
+        if is_const(x):
+            return None, "no constant float weight on a supported input"
+        return _attention(n, target)
+    spec = _linear(n, per_channel)
+    return (spec, "") if spec is not None else (None, "no constant float weight on a supported input")
+
+
+def _linear(n: ir.Node, per_channel: bool) -> NodeSpec | None:
+    w = n.inputs[1]
+    if w is None or w.const_value is None or w.const_value.dtype != ir.DataType.FLOAT:
+        return None
+    wshape = tuple(w.const_value.shape)
+    out = static_shape(n.outputs[0])
+    if n.op_type == "Conv":
+        axis, kind, macs = 0, NodeKind.conv, _numel(out) * _numel(wshape[1:])
+    elif n.op_type == "Gemm":
+        if attr(n, "transA", 0):
+            return None
+        axis = 0 if attr(n, "transB", 0) else 1
+        kind, macs = NodeKind.linear, _numel(out) * (wshape[1] if axis == 0 else wshape[0])
+    else:
+        if len(wshape) < 2:
+            return None
+        axis, kind, macs = len(wshape) - 1, NodeKind.linear, _numel(out) * wshape[-2]
+    return NodeSpec(n.name, n.op_type, kind, (ActSpec(n.inputs[0].name, 0),),
+                    WeightSpec(w.name, 1, axis if per_channel else None), macs)
+
+
+def _attention(n: ir.Node, target: Target) -> tuple[NodeSpec | None, str]:
+    a, b = static_shape(n.inputs[0]), static_shape(n.inputs[1])
+    if not a or not b or len(a) < 3 or len(b) < 3:
+        return None, "activation x activation MatMul of unknown or 2-D shape"
+    role = attention_role(n)
+    if role is None:
+        return None, "activation x activation MatMul that is not attention (no Softmax next to it)"
+    seq, head = a[-2], (a[-1] if role == "qk" else b[-1])
+    if role == "pv" and not target.spec.quantize_attention_pv:
+        return None, "attn·V kept in float (quantization.quantize_attention_pv is off)"
+    ok, why = target.attention_ok(head, seq)
+    if not ok:
+        return None, why
+    macs = _numel(static_shape(n.outputs[0])) * a[-1]
+    return NodeSpec(n.name, n.op_type, NodeKind.attention,
+                    (ActSpec(n.inputs[0].name, 0), ActSpec(n.inputs[1].name, 1)), None, macs), ""

@@ -1,0 +1,177 @@
+"""What a target is: the :class:`Target` base class, the plug-in API every target module implements.
+
+A *target* is where the artifact runs (a Jetson with TensorRT 10, one with TensorRT 8, an edge NPU,
+ONNX Runtime on x86). Everything vitexport knows about it lives in one module under
+``vitexport/targets/`` (or in a third-party package, see :mod:`vitexport.targets.registry`): how
+Q/DQ is placed and encoded, which graphs its runtime accepts, which arithmetic the INT8 gate must
+run to predict it, which files and stages it adds to a run, which recipes make sense for it, and
+its default recipe. The rest of the pipeline (``quantize/``, ``check/``, ``stages/``) is handed one
+``Target`` object, built once per run by :func:`vitexport.targets.build_target`, and asks it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import onnx_ir as ir
+
+from ..check.rules import RuntimeRules
+from ..check.violation import Violation
+from ..quantize.annotate import annotate
+from ..quantize.spec import Encoding, QuantPlan
+from ..recipe import Recipe
+from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
+from ..stages.base import Contribution
+
+__all__ = ["Target"]
+
+
+class Target:
+    """One place an artifact runs. Subclass it in a module of its own and register it.
+
+    What a target module provides (``vitexport/targets/orin.py`` is the worked example):
+
+    1. **A subclass, registered by name.** ``@register_target`` on a subclass with ``name`` (the
+       recipe's ``target:`` value and ``--target NAME``) and ``description`` (one line for
+       ``vitexport targets``). Names are unique: the registry refuses a second class with a name it
+       holds. ``class OrinTarget(Target): name = "orin"``.
+    2. **Its default recipe**, ``<name>.yaml`` beside the module (:meth:`recipe_file`), listing only
+       what differs from the schema's defaults (:mod:`vitexport.recipe`): ``orin.yaml`` sets
+       ``target: orin`` and ``contract.max_opset: 19``.
+    3. **Where Q/DQ goes and how it is written** (annotate, pt2e's first step): the class
+       attributes below (``force_symmetric``, ``dedicated_pairs``...) and the hooks
+       :meth:`attention_ok` and :meth:`high_precision`. Orin quantizes attention's batched MatMuls
+       only where TensorRT fuses INT8 attention (head size 16/32/64, ≤ 512 tokens) and writes the
+       float parts in FP16 for a strongly typed build.
+    4. **What its runtime accepts** (validate): :meth:`rules` returns a
+       :class:`~vitexport.check.rules.RuntimeRules` (subclass it to add rule ids); the quantizer
+       validates what it wrote with it, and the export's contract step and ``vitexport check`` run
+       it after the recipe's contract. Orin returns TensorRT's rules over TensorRT 10.3's parser.
+    5. **The arithmetic of its INT8 gate**: ``runs_in_onnxruntime`` (ONNX Runtime's integer
+       kernels are the runtime: cpu) or float Q/DQ semantics (:attr:`gate_config`).
+    6. **Extra files and stages**: :meth:`write_artifacts` writes files that need the calibrated
+       scales (orin: TensorRT's ``calibration.cache``); :meth:`contribution` returns files written
+       beside the Q/DQ model and stages run after it (orin: ``build_engine.sh`` and the TensorRT
+       engine stage, :mod:`vitexport.targets.tensorrt_engine`).
+    7. **Recipe cross-checks**: :meth:`check_recipe` refuses recipes the target cannot run, at
+       load time, with the key to change (a target with ``forbid_float16`` refuses
+       ``quantization.high_precision: fp16``).
+    8. **Its tests**: the tests parametrized over the registry run every registered target through
+       the same checks (``tests/targets/``: complete, its recipe validates and matches ``recipes/``;
+       ``tests/test_cli.py``: it exports the demo and its files pass ``vitexport check``); add what
+       is particular to it (orin's: ``tests/check/test_rules.py``, ``tests/quantize/test_targets.py``).
+
+    Args:
+        recipe: the validated recipe of the run (``recipe.target == self.name``).
+    """
+
+    #: the registry key: the recipe's ``target:`` value and ``--target NAME``
+    name: ClassVar[str]
+    #: one line for ``vitexport targets``
+    description: ClassVar[str] = ""
+    #: symmetric (int8, zero point 0) activations regardless of the recipe
+    force_symmetric: ClassVar[bool] = True
+    #: per-tensor weights regardless of the recipe
+    force_per_tensor: ClassVar[bool] = False
+    #: one Q/DQ pair per consumer (TensorRT fuses a pair into its one consumer), else one per tensor
+    dedicated_pairs: ClassVar[bool] = False
+    #: the runtime has no float16: no float16 tensor may reach it, and no recipe may ask for one
+    forbid_float16: ClassVar[bool] = False
+    #: Gemm / Conv biases as int32 (scale = activation scale × weight scale) so ONNX Runtime fuses
+    #: QGemm / QLinearConv; TensorRT wants float biases
+    int32_bias: ClassVar[bool] = False
+    #: ONNX Runtime's fused integer kernels are this target's runtime, so parity is measured through
+    #: them; other targets are measured with float Q/DQ semantics (what TensorRT / an NPU computes)
+    runs_in_onnxruntime: ClassVar[bool] = False
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.spec = recipe.quantization
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(recipe={self.recipe.name!r})"
+
+    # --- the recipe ---------------------------------------------------------------------------------
+    @classmethod
+    def recipe_file(cls) -> Path:
+        """The target's default recipe: ``<name>.yaml`` beside the module that defines the class."""
+        return Path(sys.modules[cls.__module__].__file__).resolve().with_name(f"{cls.name}.yaml")
+
+    @classmethod
+    def check_recipe(cls, recipe: Recipe) -> list[str]:
+        """What in ``recipe`` this target cannot run, one message per problem naming the key.
+
+        Called when a recipe is loaded (:func:`vitexport.targets.load_recipe`); the schema's own
+        checks (opset within the contract...) have run already.
+        """
+        if cls.forbid_float16 and recipe.quantization.high_precision == "fp16":
+            return [f"quantization.high_precision: fp16 on the {cls.name} target, which runs no float16; use fp32"]
+        return []
+
+    # --- annotate: where Q/DQ goes, how it is written -----------------------------------------------
+    def annotate(self, model: ir.Model) -> QuantPlan:
+        """Decide which nodes get INT8 inputs (needs static shapes). Never modifies the graph."""
+        return annotate(model, self)
+
+    def encoding(self) -> Encoding:
+        """How every Q/DQ pair of this target's plans is written."""
+        symmetric = self.force_symmetric or not self.spec.asymmetric_activations
+        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.spec.reduce_range_weights else 127)
+
+    def per_channel(self) -> bool:
+        """Weights quantized per output channel (the recipe's choice unless the target forces per tensor)."""
+        return self.spec.per_channel_weights and not self.force_per_tensor
+
+    def attention_ok(self, head: int, seq: int) -> tuple[bool, str]:
+        """Whether an attention batched MatMul with this head size / sequence length is quantized,
+        and why not."""
+        if not self.spec.quantize_attention_matmuls:
+            return False, "quantization.quantize_attention_matmuls is off"
+        return True, ""
+
+    def high_precision(self) -> str:
+        """``fp16`` or ``fp32``: the type of the Q/DQ model's float parts (the recipe's, else the target's)."""
+        return self.spec.high_precision or "fp32"
+
+    # --- validate: what the runtime accepts ----------------------------------------------------------
+    def rules(self) -> RuntimeRules:
+        """The runtime's rules for a graph (``vitexport check`` runs them after the contract)."""
+        return RuntimeRules()
+
+    def validate(self, model: ir.Model) -> list[Violation]:
+        """Rule violations of a Q/DQ model for this target's runtime (empty when it follows them)."""
+        return self.rules().violations(model)
+
+    # --- the INT8 gate ------------------------------------------------------------------------------
+    @property
+    def gate_config(self) -> SessionConfig:
+        """The ONNX Runtime arithmetic that reproduces this target's (the INT8 gate and fallback run it)."""
+        return LOW_MEMORY if self.runs_in_onnxruntime else QDQ_AS_FLOAT
+
+    @property
+    def arithmetic(self) -> str:
+        """One line for the report: which arithmetic the INT8 gate ran."""
+        if self.runs_in_onnxruntime:
+            return f"INT8 parity: ONNX Runtime's fused integer kernels (the {self.name} target's runtime)"
+        floats = ("float parts in FP16 as written (float16 tensors between ops, the 65504 range), FP32 islands in FP32"
+                  if self.high_precision() == "fp16" else "float parts in FP32")
+        return ("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
+                f"{floats}: the arithmetic the {self.name} runtime performs")
+
+    # --- what the target adds to a run --------------------------------------------------------------
+    def write_artifacts(self, work_dir: Path, scales: dict[str, float], method: str) -> dict[str, Path]:
+        """Files this target's toolchain reads that need the calibrated scales (none by default).
+
+        Args:
+            work_dir: the output folder.
+            scales: activation tensor → int8 scale of the written model.
+            method: the calibration method (some formats record it).
+        Returns:
+            Report key → written path.
+        """
+        return {}
+
+    def contribution(self) -> Contribution:
+        """Files written beside the Q/DQ model and stages run after ``quantize_int8`` (none by default)."""
+        return Contribution()
