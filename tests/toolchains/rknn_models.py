@@ -6,9 +6,9 @@ import onnx
 import onnx.numpy_helper as nh
 from onnx import TensorProto, helper
 
-__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "TOKENS", "DIM"]
+__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "TOKENS", "DIM", "HEADS"]
 
-TOKENS, DIM = 8, 16
+TOKENS, DIM, HEADS = 8, 16, 2
 
 
 def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM), extra_inputs=()) -> onnx.ModelProto:
@@ -85,3 +85,45 @@ def qdq_patch_conv(seed: int = 0, chans: int = 3, size: int = 16, patch: int = 4
                                name="patch"),
               helper.make_node("Relu", ["c"], ["y"], name="relu")]
     return _model(nodes, inits, (1, dim, size // patch, size // patch), in_shape=(1, chans, size, size))
+
+
+def qdq_attention(seed: int = 0) -> onnx.ModelProto:
+    """q, k, v [1, H, T, D] → softmax((q·s) Kᵀ) · v as vitexport's quantizer writes timm's attention: the
+    1/√d scale on q before its Q/DQ, Kᵀ and v Q/DQ'd right before their MatMuls, the scores unquantized
+    straight into Softmax, the probabilities Q/DQ'd into attn·V, whose output is Q/DQ'd after the heads'
+    Transpose (the next Linear's input)."""
+    del seed  # the inputs carry the data
+    nodes: list = []
+    inits = [nh.from_array(np.array(DIM ** -0.5, np.float32), "scale")]
+    nodes.append(helper.make_node("Mul", ["q", "scale"], ["qs"], name="q_scale"))
+    nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"))
+    qq, kq, vq = _qdq(nodes, inits, "qs", 1.0 / 127, "qa"), _qdq(nodes, inits, "kt", 4.0 / 127, "ka"), _qdq(nodes, inits, "v", 4.0 / 127, "va")
+    nodes += [helper.make_node("MatMul", [qq, kq], ["scores"], name="qk"),
+              helper.make_node("Softmax", ["scores"], ["p"], axis=-1, name="softmax")]
+    pq = _qdq(nodes, inits, "p", 1.0 / 127, "pa")
+    nodes += [helper.make_node("MatMul", [pq, vq], ["o"], name="pv"),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="heads_back")]
+    _qdq(nodes, inits, "ot", 4.0 / 127, "y")  # the next Linear's input Q/DQ
+    nodes[-1].output[0] = "y"
+    shape = [1, HEADS, TOKENS, DIM]
+    extra = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("k", "v")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q", TensorProto.FLOAT, shape), *extra],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, HEADS, DIM])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def patch_merging(grid: int = 4, dim: int = 8) -> onnx.ModelProto:
+    """Swin's patch merging as timm exports it: x[1, grid², C] → [1, g/2, 2, g/2, 2, C] → Transpose(0,1,3,4,2,5)
+    → [1, g/2, g/2, 4C] → Linear."""
+    rs = np.random.RandomState(0)
+    h = grid // 2
+    inits = [nh.from_array(np.array([1, h, 2, h, 2, dim], np.int64), "s6"), nh.from_array(np.array([1, h, h, 4 * dim], np.int64), "s4"),
+             nh.from_array((rs.randn(4 * dim, dim) * 0.2).astype(np.float32), "w")]
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"], name="r6"),
+             helper.make_node("Transpose", ["r6"], ["t"], perm=[0, 1, 3, 4, 2, 5], name="merge"),
+             helper.make_node("Reshape", ["t", "s4"], ["r4"], name="r4"),
+             helper.make_node("MatMul", ["r4", "w"], ["y"], name="reduction")]
+    return _model(nodes, inits, (1, h, h, dim), in_shape=(1, grid * grid, dim))

@@ -42,7 +42,7 @@ class OpenVinoRunner(BaseRunner):
             bf16 units OpenVINO would otherwise run them in bf16, which is not the file's arithmetic.
     """
 
-    engine = "openvino"
+    engine = "openvino-cpu"
 
     def __init__(self, model: str | Path, threads: int = 0, precision: str = "f32", name: str | None = None):
         super().__init__(name)
@@ -88,6 +88,8 @@ class RuntimePrecisions:
 
     macs: dict[str, dict[str, int]] = field(default_factory=dict)  # layer type -> precision -> MACs
     layers: dict[str, int] = field(default_factory=dict)  # "type precision" -> count, every layer
+    #: the source-model node names each GEMM/Conv layer running an integer kernel was built from
+    int8_layers: list[tuple[str, ...]] = field(default_factory=list)
 
     @property
     def int8_share(self) -> float:
@@ -137,6 +139,8 @@ def runtime_precisions(compiled) -> RuntimePrecisions:
             # (weight decompression), yet the multiply-accumulates then run in float
             act = op.input(0).get_element_type().get_type_name()
             prec = prec if act in _INT8 else act
+            if prec in _INT8:
+                res.int8_layers.append(tuple(str(info["originalLayersNames"].astype(str)).split(",")))
             per = res.macs.setdefault(layer, {})
             per[prec] = per.get(prec, 0) + _layer_macs(op, layer)
     return res

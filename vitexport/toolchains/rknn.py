@@ -10,7 +10,7 @@ naming the stage, the compiler pass and RKNN's own error line.
 
 Request (JSON, written by :meth:`RknnRequest.to_json`)::
 
-    {"onnx": PATH, "platform": "rk3588", "config": {RKNN.config kwargs},
+    {"onnx": PATH, "platform": "rk3588" (any rknn-toolkit2 target_platform), "config": {RKNN.config kwargs},
      "quantization": {"mode": "none" | "rknn" | "hybrid", "dataset": [[npy per input], ...],
                       "ranges": {onnx tensor: [lo, hi]}, "layers": {rknn tensor: "float16"}},
      "rknn": PATH | null, "inputs": [[npy per input], ...], "outputs_dir": DIR, "work_dir": DIR,
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
+import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BadInput, one_line
@@ -97,7 +99,8 @@ class RknnRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     onnx: Path
-    platform: str = "rk3588"
+    #: rknn-toolkit2's ``target_platform`` (the target names it)
+    platform: str
     config: dict[str, Any] = Field(default_factory=dict)
     quantization: RknnQuantization = Field(default_factory=RknnQuantization)
     rknn: Path | None = None
@@ -169,23 +172,46 @@ _NOT_THE_ERROR = ("RKNN: [", "rknn-toolkit2 version", "build: Traceback", "load_
 
 def _hazards(onnx: Path) -> list[str]:
     try:
-        return rknn_hazards(load_model(onnx))
+        return [str(h) for h in rknn_hazards(load_model(onnx))]
     except Exception:  # the diagnosis is a courtesy: an unreadable file still gets the crash line
         return []
 
 
-def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx: Path) -> BadInput:
-    """One line: what stopped, where (stage, compiler pass), RKNN's own words, the log."""
+def _named_node(onnx_path: Path, error: str) -> str:
+    """The node an RKNN error names through a tensor it derived (``KeyError: 'x_dq_conv'``: the Conv
+    that reads ``x_dq``), as ``"; node N (Op) reads 'x_dq'"``, or ``""``."""
+    quoted = re.findall(r"'([^']+)'", error)
+    if not quoted:
+        return ""
+    try:
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    except Exception:  # the diagnosis is a courtesy: an unreadable file still gets RKNN's line
+        return ""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for q in quoted:
+        known = sorted((v for v in readers if q.startswith(v)), key=len, reverse=True)
+        if known:
+            n = readers[known[0]][-1]
+            return f"; node {n.name} ({n.op_type}) reads '{known[0]}'"
+    return ""
+
+
+def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx_path: Path) -> BadInput:
+    """One line: what stopped, where (stage, compiler pass, the node and the rule), RKNN's own words, the log."""
     stage = reply.get("stage") or "startup"
     where = f"in stage {stage}"
     cpass = last_pass(log) if stage == "build" else None
     if cpass:
         where += f" (compiler pass {cpass})"
-    if rc is None or rc < 0:  # crashed or hung: name the nodes of patterns known to do that
-        hazards = _hazards(onnx)
-        where += f"; {hazards[0]}" + (f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else "") if hazards else ""
+    hazards = _hazards(onnx_path)  # name the nodes of patterns known to crash, hang or be refused
+    where += f"; {hazards[0]}" + (f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else "") if hazards else ""
     errors = [e for e in error_lines(log) if not e.startswith(_NOT_THE_ERROR)]
     said = f": RKNN says {one_line(errors[0], 200)!r}" if errors else ""
+    if errors and not hazards:
+        said += _named_node(onnx_path, errors[0])
     if rc is None:
         what = f"rknn-toolkit2 did not finish within {timeout_s:.0f} s"
     elif rc < 0:
@@ -194,7 +220,19 @@ def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx: Pat
         what = "rknn-toolkit2 refused the model"
     else:
         what = f"rknn-toolkit2 failed ({one_line(reply.get('error') or f'exit {rc}', 160)})"
-    return BadInput(f"{onnx.name}: {what} {where}{said} (log: {log})")
+    return BadInput(f"{onnx_path.name}: {what} {where}{said} (log: {log})")
+
+
+def _as_onnx_shapes(outputs: list[np.ndarray], onnx_path: Path) -> list[np.ndarray]:
+    """Each output (samples stacked) in the ONNX graph's output shape: ``remove_reshape`` leaves RKNN's
+    own layout of it ((1, C, 1, 1) for (1, C); the same values in the same order), which is a view."""
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    shapes = [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
+    out = []
+    for arr, shape in zip(outputs, shapes):
+        per = int(np.prod(shape[1:])) if shape and all(shape[1:]) else 0
+        out.append(arr.reshape(-1, *shape[1:]) if per and arr.size % per == 0 else arr)
+    return out + outputs[len(out):]
 
 
 def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0) -> RknnResult:
@@ -232,5 +270,5 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     if rc != 0 or not reply.get("ok"):
         raise _failure(reply, rc, log, timeout_s, Path(req.onnx))
     ops = parse_op_table(log)
-    outputs = [np.load(p) for p in reply.get("outputs", [])]
+    outputs = _as_onnx_shapes([np.load(p) for p in reply.get("outputs", [])], Path(req.onnx))
     return RknnResult(reply=reply, outputs=outputs, ops=ops, summary=op_summary(ops), log=log, wall_s=wall)

@@ -120,7 +120,7 @@ def _new_rknn(req: dict):
     from rknn.api import RKNN
 
     rknn = RKNN(verbose=True)  # verbose: the log then holds the per-op table the client reads
-    rknn.config(target_platform=req.get("platform", "rk3588"), **(req.get("config") or {}))
+    rknn.config(target_platform=req["platform"], **(req.get("config") or {}))
     return rknn
 
 
