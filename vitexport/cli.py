@@ -78,8 +78,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Check an ONNX file against a target: contract (ops, opset, static shapes, dtypes) and the target's
-    runtime rules. Exit 0 when clean; 2 with one line per violation naming node and rule."""
+    """Check an ONNX file against a target: contract (ops, opset, static shapes, dtypes), the target's
+    runtime rules and the lint (dead tensors, names, float64, Q/DQ that does nothing). Exit 0 when no
+    error (warnings are printed); 2 with one line per violation naming node or tensor and rule."""
     from . import api  # lazy, see above
 
     result = api.check(args.model, args.target, overrides=args.set)

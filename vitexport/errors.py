@@ -82,11 +82,17 @@ class ParityFailure(VitexportError):
 
     exit_code = 1
 
-    def __init__(self, stage: str, metric: str, value: float, limit: float, op: str):
+    def __init__(self, stage: str, metric: str, value: float, limit: float, op: str, advice: str = ""):
         self.stage, self.metric, self.value, self.limit, self.op = stage, metric, value, limit, op
+        self.advice = advice  # what to try (vitexport.parity.advice), after the numbers
         super().__init__(
             f"parity gate failed at stage '{stage}': {metric}={value:.6g} (must be {op} {limit:.6g})"
+            + (f"; {advice}" if advice else "")
         )
+
+    def with_advice(self, advice: str) -> "ParityFailure":
+        """The same failure, its message ending with ``advice``."""
+        return ParityFailure(self.stage, self.metric, self.value, self.limit, self.op, advice)
 
 
 class ArtifactWriteError(VitexportError):

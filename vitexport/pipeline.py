@@ -31,6 +31,7 @@ from .calibration import SampleSet
 from .io import atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
+from .parity.advice import failure_advice
 from .parity.reference import mark_vacuous
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .runners import TorchRunner, feed_size
@@ -62,6 +63,10 @@ class Artifacts:
     @property
     def passed(self) -> bool:
         return bool(self.parity and self.parity.passed)
+
+
+def _count(labels: np.ndarray | None) -> int | None:
+    return None if labels is None else len(labels)
 
 
 def _unmasked(reference: GoldenReference) -> np.ndarray | None:
@@ -168,8 +173,11 @@ def run_pipeline(
         arts.stage_seconds[stage.name] = res.seconds
         log(_stage_line(res, arts.stage_peak_bytes.get(stage.name)))
         if not run.add(res):
+            advice = failure_advice(res.stage, res.failed_check, recipe, calib_samples=len(calib),
+                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels))
+            run.notes.append(f"{res.stage} failed its gate; {advice}")
             _write_outputs(arts, run, recipe, model)
-            raise res.failure()
+            raise res.failure().with_advice(advice)
     _write_outputs(arts, run, recipe, model)
     return arts
 

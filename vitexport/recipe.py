@@ -139,9 +139,14 @@ class EngineTolerance(Tolerance):
 
 
 class Int8Tolerance(EngineTolerance):
-    """``quantize_int8``: as the engine, and labelled data may lose at most 2 points of accuracy."""
+    """``quantize_int8``: as the engine, and labelled data may lose at most 0.3 points of accuracy.
 
-    accuracy_drop: float | None = 0.02
+    0.3 points is what a deployment team accepts for INT8 (issue 23: the 2 points this was before let a
+    trained model that lost 0.76 points pass). It is exact arithmetic on the labelled parity set: with
+    fewer than 334 labelled samples, one sample lost fails the gate.
+    """
+
+    accuracy_drop: float | None = 0.003
 
 
 class ParitySpec(_Spec):

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["linear", "single_op", "save"]
+__all__ = ["linear", "single_op", "save", "plant_unused_initializer", "plant_nameless_node", "plant"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
@@ -63,3 +63,54 @@ def single_op(op: str, *, opset: int = 17, dtype: int = TensorProto.FLOAT, shape
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save(model, str(path))
     return str(path)
+
+
+def plant_unused_initializer(m: onnx.ModelProto, name: str = "stale_scale") -> onnx.ModelProto:
+    """Add an initializer no node reads (what an INT8 file held for every activation left float)."""
+    m.graph.initializer.append(numpy_helper.from_array(np.float32(0.05), name))
+    return m
+
+
+def plant_nameless_node(m: onnx.ModelProto) -> onnx.ModelProto:
+    """Route the graph output through a nameless Identity writing 'y_out' (the output is renamed)."""
+    out = m.graph.output[0]
+    m.graph.node.append(helper.make_node("Identity", [out.name], ["y_out"]))
+    out.name = "y_out"
+    return m
+
+
+def plant(fault: str, m: onnx.ModelProto) -> onnx.ModelProto:
+    """One lint fault in ``m`` (a :func:`linear` graph): see the cases in test_lint.py."""
+    g = m.graph
+    if fault == "dead_node":
+        g.node.append(helper.make_node("Relu", ["x"], ["x_relu"], name="orphan_relu"))
+    elif fault == "dead_value_info":
+        g.value_info.append(helper.make_tensor_value_info("removed_tensor", TensorProto.FLOAT, [3]))
+    elif fault == "unused_input":
+        g.input.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, 4]))
+    elif fault == "duplicate_node_name":
+        g.node[2].name = "act_q"  # the weight DQ takes the activation Q's name
+    elif fault == "input_shadows_initializer":
+        g.input.append(helper.make_tensor_value_info("w_q", TensorProto.INT8, [8, 6]))
+    elif fault == "float64":
+        g.initializer.append(numpy_helper.from_array(np.ones((1, 4, 6), np.float64), "offset64"))
+        g.node.extend([helper.make_node("Cast", ["y_mm"], ["y64"], name="to_double", to=TensorProto.DOUBLE),
+                       helper.make_node("Add", ["y64", "offset64"], ["y_sum"], name="add64"),
+                       helper.make_node("Cast", ["y_sum"], ["y"], name="to_float", to=TensorProto.FLOAT)])
+        next(n for n in g.node if n.name == "mm").output[0] = "y_mm"
+    elif fault == "requantize":  # DQ(act) -> Reshape -> Q/DQ on the same grid -> MatMul
+        g.initializer.append(numpy_helper.from_array(np.asarray([1, 4, 8], np.int64), "same_shape"))
+        nodes = list(g.node)
+        nodes[-1:-1] = [helper.make_node("Reshape", ["x_dq", "same_shape"], ["x_r"], name="reshape"),
+                        helper.make_node("QuantizeLinear", ["x_r", "act_s", "act_zp"], ["x_rq"], name="again_q"),
+                        helper.make_node("DequantizeLinear", ["x_rq", "act_s", "act_zp"], ["x_rdq"], name="again_dq")]
+        nodes[-1].input[0] = "x_rdq"  # mm
+        del g.node[:]
+        g.node.extend(nodes)
+    elif fault == "qdq_output":  # the output itself fake-quantized
+        next(n for n in g.node if n.name == "mm").output[0] = "y_mm"
+        g.node.extend([helper.make_node("QuantizeLinear", ["y_mm", "act_s", "act_zp"], ["y_q"], name="out_q"),
+                       helper.make_node("DequantizeLinear", ["y_q", "act_s", "act_zp"], ["y"], name="out_dq")])
+    else:
+        raise ValueError(fault)
+    return m

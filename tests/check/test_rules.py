@@ -40,7 +40,7 @@ PLANTED = [
 def _rules_by_node(result) -> dict[str, str | None]:
     """Each broken rule and the node its first violation names."""
     out: dict[str, str | None] = {}
-    for v in result.violations:
+    for v in result.errors:
         out.setdefault(v.rule, v.node)
     return out
 
@@ -54,7 +54,7 @@ def test_planted_fault_names_its_rule_and_node(case, recipe, overrides, build, e
     for rule, node in expected.items():
         if node is not None:
             assert got[rule] == node, (rule, result.lines())
-    for line, v in zip(result.lines(), result.violations):
+    for line, v in zip(result.lines(), result.errors):
         assert line.startswith(f"{case}.onnx: ") and v.rule in line and "; hint: " in line
         assert v.node is None or f"'{v.node}'" in line
 
@@ -62,7 +62,7 @@ def test_planted_fault_names_its_rule_and_node(case, recipe, overrides, build, e
 def test_every_violation_is_listed_not_only_the_first(tmp_path):
     m = linear(zero_point=3, weight_axis=0, consumer="Add")
     result = check_file(save(m, tmp_path / "m.onnx"), load_target("orin"))
-    assert [(v.rule, v.node) for v in result.violations] == [
+    assert [(v.rule, v.node) for v in result.errors] == [
         ("orin.int8", "act_q"), ("orin.int8", "act_dq"), ("orin.float_consumer", "act_dq"),
         ("orin.per_channel", "w_dq")]
 
@@ -84,15 +84,15 @@ def test_orin_takes_float16_qdq_at_opset_19(tmp_path):
     assert result, result.lines()
     # the same file is refused where float16 is (npu), and by TensorRT 8.6 (orin-jp5) for its opset
     npu = check_file(tmp_path / "m.onnx", load_target("npu", ["contract.max_opset=19"]))
-    assert {"contract.forbid_float16", "npu.per_tensor"} <= {v.rule for v in npu.violations}
+    assert {"contract.forbid_float16", "npu.per_tensor"} <= {v.rule for v in npu.errors}
     jp5 = check_file(tmp_path / "m.onnx", load_target("orin-jp5"))
-    assert {v.rule for v in jp5.violations} == {"contract.max_opset", "tensorrt.opset"}
+    assert {v.rule for v in jp5.errors} == {"contract.max_opset", "tensorrt.opset"}
 
 
 def test_bad_axis_outside_the_rank(tmp_path):
     m = linear(weight_axis=0)
     m.graph.node[2].attribute[0].i = 2  # weight DQ: axis 2 of a 2-D weight
-    rules = {v.rule: v for v in check_file(save(m, tmp_path / "m.onnx"), load_target("cpu")).violations}
+    rules = {v.rule: v for v in check_file(save(m, tmp_path / "m.onnx"), load_target("cpu")).errors}
     assert rules["qdq.axis"].node == "w_dq" and "outside its rank-2 input" in rules["qdq.axis"].problem
 
 
@@ -105,7 +105,7 @@ def test_integer_path_is_never_quantized(tmp_path):
     m.graph.node.append(helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="ids_dq"))
     m.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
     result = check_file(save(m, tmp_path / "m.onnx"), load_target("cpu"))
-    assert [(v.rule, v.node) for v in result.violations] == [("qdq.integer_path", "ids_q")]
+    assert [(v.rule, v.node) for v in result.errors] == [("qdq.integer_path", "ids_q")]
 
 
 def test_shared_pairs_break_orin_but_not_cpu(tmp_path):
@@ -115,7 +115,7 @@ def test_shared_pairs_break_orin_but_not_cpu(tmp_path):
     m.graph.node.append(helper.make_node("MatMul", ["x_dq", "w"], ["y2"], name="mm2"))
     m.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 4, 6]))
     path = save(m, tmp_path / "m.onnx")
-    assert [(v.rule, v.node) for v in check_file(path, load_target("orin")).violations] == [
+    assert [(v.rule, v.node) for v in check_file(path, load_target("orin")).errors] == [
         ("orin.dedicated_pairs", "act_dq")]
     assert check_file(path, load_target("cpu"))
 
@@ -159,5 +159,5 @@ def test_the_exports_contract_step_runs_the_same_rules(tmp_path):
         simplify_onnx(src, tmp_path / "model.fp32.onnx", load_target("orin"))
     assert str(err.value).startswith("model.fp32.onnx: node 'the_det' (Det) has no importer in TensorRT 10.3")
     assert "[tensorrt.ops]" in str(err.value)
-    assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_target("orin")).violations]
+    assert [v.rule for v in err.value.violations] == [v.rule for v in check_file(src, load_target("orin")).errors]
     assert not (tmp_path / "model.fp32.onnx").exists()

@@ -5,16 +5,22 @@ runtime rules, as data (``Violation`` / ``CheckResult``), for any file: vitexpor
 the export's contract step and the quantizer's validation run the same rules. Rule ids:
 ``onnx.checker``; ``contract.*`` (the recipe's keys, :mod:`.contract`); ``qdq.*`` (the rules every
 target shares, :mod:`.rules`) and the target's own (its ``Target.rules()``, in its module under
-:mod:`vitexport.targets`). This package is handed the run's target and names none.
+:mod:`vitexport.targets`); ``lint.*`` (:mod:`.lint`: dead tensors, names, float64, Q/DQ that does
+nothing; warnings or errors, the same for every target). This package is handed the run's target
+and names none.
 """
 from .checker import check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
 from .contract import OP_HINTS, contract_violations, float16_violations
+from .lint import LINT_RULES, lint_model
 from .rules import RuntimeRules
-from .violation import CheckResult, Violation
+from .violation import CheckResult, Severity, Violation
 
 __all__ = [
     "Violation",
+    "Severity",
     "CheckResult",
+    "LINT_RULES",
+    "lint_model",
     "check_file",
     "check_model",
     "model_violations",

@@ -1,4 +1,5 @@
-"""The one checker: the ONNX checker, the recipe's contract, then its target's rules.
+"""The one checker: the ONNX checker, the recipe's contract, then its target's rules; ``vitexport
+check`` adds the lint (:mod:`.lint`, warnings and errors by its grading rule).
 
 The export's contract step (``simplify_onnx``), the quantizer's check of what it wrote
 (``Target.validate``) and ``vitexport check`` all run these rules; only what they are given
@@ -16,6 +17,7 @@ import onnx_ir as ir
 from ..graph.files import load_model
 from ..recipe import Recipe
 from .contract import contract_violations
+from .lint import LINT_RULES, lint_model, value_info_names
 from .violation import CheckResult, Violation
 
 if TYPE_CHECKING:  # the target is handed in: check/ never imports a target
@@ -65,10 +67,10 @@ def _skipped(target: Target) -> set[str]:
 
 
 def rules_checked(target: Target) -> tuple[str, ...]:
-    """The rule ids a check for ``target`` runs, in order."""
+    """The rule ids a check for ``target`` runs, in order (the lint's last)."""
     recipe = target.recipe
     rules = target.rules().RULES
-    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(target)))
+    return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(target)), *LINT_RULES)
 
 
 def model_violations(model: ir.Model, target: Target) -> list[Violation]:
@@ -78,8 +80,9 @@ def model_violations(model: ir.Model, target: Target) -> list[Violation]:
 
 
 def check_model(model: ir.Model, target: Target, *, artifact: str = "model",
-                recipe_path: str | Path | None = None, checker: list[Violation] | None = None) -> CheckResult:
-    """Every rule of ``target`` and its recipe on an in-memory model.
+                recipe_path: str | Path | None = None, checker: list[Violation] | None = None,
+                value_info: list[str] | tuple[str, ...] = ()) -> CheckResult:
+    """Every rule of ``target`` and its recipe on an in-memory model, then the lint.
 
     Args:
         model: the graph.
@@ -88,13 +91,14 @@ def check_model(model: ir.Model, target: Target, *, artifact: str = "model",
         recipe_path: how to name the recipe (default ``recipes/<name>.yaml`` for a target's own).
         checker: the ONNX checker's verdict when the caller ran it (on a proto it holds); None
             runs it on ``model``.
+        value_info: the file's ``value_info`` names, for the dead-entry lint.
     Returns:
-        A :class:`CheckResult` (true when nothing is broken).
+        A :class:`CheckResult` (true when no violation is an error: lint warnings pass).
     """
     if checker is None:
         checker = run_checker(ir.to_proto(model))
     return CheckResult(artifact, recipe_label(target, recipe_path), target.name, rules_checked(target),
-                       checker + model_violations(model, target))
+                       checker + model_violations(model, target) + lint_model(model, value_info=value_info))
 
 
 def check_file(path: str | Path, target: Target, *, recipe_path: str | Path | None = None) -> CheckResult:
@@ -105,4 +109,5 @@ def check_file(path: str | Path, target: Target, *, recipe_path: str | Path | No
     """
     path = Path(path)
     model = load_model(path)
-    return check_model(model, target, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path))
+    return check_model(model, target, artifact=path.name, recipe_path=recipe_path, checker=run_checker(path),
+                       value_info=value_info_names(path))

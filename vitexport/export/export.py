@@ -18,9 +18,11 @@ from torch import nn
 
 from ..runners.torch_runner import primary_output
 from ..errors import BadInput
+from ..graph.files import artifact_files
 from ..io import atomic_path
 from ..recipe import ContractSpec, Exporter, ExportSpec
 from ..results import Data, result
+from .interface import finish_export
 from .lowering import LOWERABLE
 from .opset import convert_opset, default_opset
 from .rewrites import ExportRewrites
@@ -209,7 +211,9 @@ def export_onnx(
         else:
             tried = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
             raise BadInput(f"cannot export the model to ONNX opset {spec.opset} ({tried})")
-        size = tmp.stat().st_size
+    # the exporter's file, rewritten through the one writer: the model's inputs, clean (graph.clean)
+    extra += finish_export(Path(out_path), example_inputs)
+    size = sum(p.stat().st_size for p in artifact_files(out_path))
     used = attempts[-1].exporter
     notes = ["static shapes " + ", ".join(f"{k}={list(v.shape)}" for k, v in example_inputs.items())]
     notes += [f"{a.exporter} failed ({a.error}); fell back to {used}" for a in attempts if not a.ok]

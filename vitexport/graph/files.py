@@ -6,11 +6,13 @@ them). Saving is atomic for the pair of files: a model whose weights reach
 data, which TensorRT, ONNX Runtime, Polygraphy and ``onnx.load`` read when both files sit in one
 folder), because serialising 350 MB of weights into one protobuf message costs ViT-B/16 about two
 seconds and a gigabyte of transient memory where streaming them to a data file costs a third of a
-second. Smaller models stay one self-contained file.
+second. Smaller models stay one self-contained file. Every file is written clean: the final pass
+(:mod:`.clean`) removes what no output needs, names and sorts the nodes and infers shapes first.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -20,8 +22,11 @@ import onnx
 import onnx_ir as ir
 
 from ..errors import ArtifactWriteError, BadInput
+from .clean import clean_model
 
 __all__ = ["EXTERNAL_DATA_MIN_BYTES", "load_model", "save_model", "as_model", "artifact_files", "data_file"]
+
+log = logging.getLogger(__name__)
 
 #: total initializer bytes from which a saved model keeps its weights in ``<name>.data``
 EXTERNAL_DATA_MIN_BYTES = 64 << 20
@@ -79,23 +84,29 @@ def _weight_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
-def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int = EXTERNAL_DATA_MIN_BYTES) -> list[Path]:
-    """Write ``model`` to ``path`` (and ``<path>.data`` for a large one), atomically.
+def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int = EXTERNAL_DATA_MIN_BYTES,
+               clean: bool = True) -> list[Path]:
+    """Clean ``model`` and write it to ``path`` (and ``<path>.data`` for a large one), atomically.
 
     Both files are written in a temporary folder beside ``path`` and moved into place (the data file
     first), so a run killed mid-write leaves the previous files, never half of one. A ``.data`` file
     left from an earlier, larger version of the model is removed.
 
     Args:
-        model: the model; unchanged by the call.
+        model: the model; cleaned in place (:class:`~vitexport.graph.clean.CleanPass`), so that what
+            the caller holds is what the file holds.
         path: the ``.onnx`` file to write.
         external_min_bytes: initializer bytes from which weights go to ``<path>.data``.
+        clean: False writes the model as it is (a test planting a fault; never an artifact).
     Returns:
         The files written (see :func:`artifact_files`).
     Raises:
         ArtifactWriteError: the folder is not writable or the disk is full.
     """
     path = Path(path)
+    if clean:
+        report = clean_model(model)
+        log.debug("%s: %s", path.name, "; ".join(report.notes) or "already clean")
     data = data_file(path)
     external = _weight_bytes(model) >= external_min_bytes
     try:

@@ -216,9 +216,9 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     if select is not None and plan.nodes:
         with bounded_heap():  # a float and Q/DQ sessions one after the other: hand their buffers back
             qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report)
+    _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)  # cleans qdq: it is now what the file holds
     report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
                         "fp32_islands": dict(build.islands)}
-    _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)
     if recipe.quantization.measure_latency and plan.nodes:
         _latency(model, fp32_path, out_path, calib, target, report)
     return report

@@ -73,8 +73,10 @@ class Target:
        into :attr:`options`; rk3588's ``route``).
     8. **Its tests**: the tests parametrized over the registry run every registered target through
        the same checks (``tests/targets/``: complete, its recipe validates and matches ``recipes/``;
-       ``tests/test_cli.py``: it exports the demo and its files pass ``vitexport check``); add what
-       is particular to it (orin's: ``tests/check/test_rules.py``, ``tests/quantize/test_targets.py``).
+       ``tests/test_cli.py``: it exports the demo and its files pass ``vitexport check`` without a
+       lint warning; ``tests/test_clean_artifacts.py``: a ViT-S and a BERT-style encoder export to
+       clean files); add what is particular to it (orin's: ``tests/check/test_rules.py``,
+       ``tests/quantize/test_targets.py``).
 
     Args:
         recipe: the validated recipe of the run (``recipe.target == self.name``).

@@ -1,0 +1,69 @@
+"""What to try when a stage fails its parity gate: the recipe keys that change the result, with the
+values the run used, so the failure message is a next step rather than a number.
+
+The INT8 stages (``quantize_int8`` and the engine built from its file) fail for three reasons a
+recipe can act on: too few calibration samples, too few layers left in float, or a budget stricter
+than the use needs. The fallback picks its float layers on held-out *calibration* samples with the
+gate's own arithmetic, so it counts accuracy only when those samples are labelled (an ``.npz`` with
+``y``); on unlabelled ones it sees cosine and the margin-gated top-1, which a loss made of flips on
+near-ties does not move (raising ``max_float_layers`` alone then changes nothing). The float stages
+fail when an export or a pass computes something else: ``--layers`` localises it.
+"""
+from __future__ import annotations
+
+from ..recipe import PASS_STAGES, Recipe, StageName
+from .metrics import Check
+
+__all__ = ["failure_advice"]
+
+#: a failed check's metric → the tolerance key that sets its limit
+_KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement"}
+_INT8_STAGES = (StageName.quantize_int8, StageName.build_engine)
+
+
+def _int8(recipe: Recipe, calib_samples: int, labelled_calib: bool) -> list[str]:
+    fb, cal = recipe.quantization.fallback, recipe.calibration
+    out = [] if fb.enabled else ["quantization.fallback.enabled=true (keeps the most sensitive layers in float)"]
+    if calib_samples >= cal.num_samples:  # the data may hold more than the run drew
+        out.append(f"calibration.num_samples={2 * cal.num_samples} (now {cal.num_samples}; draws up to that many "
+                   "from --calib)")
+    else:
+        out.append(f"more calibration data (--calib gave {calib_samples} sample(s), fewer than calibration."
+                   f"num_samples={cal.num_samples})")
+    if fb.enabled:
+        why = "" if labelled_calib else ("; it picks them on held-out calibration samples and counts accuracy only "
+                                          "when they are labelled: an .npz with 'y' as --calib")
+        out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
+                   f"(now {fb.max_float_layers}{why})")
+    return out
+
+
+def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_samples: int,
+                   labelled_calib: bool = False, labelled: int | None = None) -> str:
+    """One clause, ``try: …``, naming the recipe keys that can make ``stage`` pass.
+
+    Args:
+        stage: the failed stage.
+        check: its first failed check (None: the stage failed without one).
+        recipe: the run's recipe (the values now in use are quoted).
+        calib_samples: calibration samples the run used (at most ``calibration.num_samples``).
+        labelled_calib: whether they carry labels.
+        labelled: labelled parity samples, to say how many an ``accuracy_drop`` lost.
+    Returns:
+        The advice, e.g. ``"2 of 400 labelled samples lost; try: calibration.num_samples=256 (…), …"``.
+    """
+    lost = ""
+    if check is not None and check.metric == "accuracy_drop" and labelled:
+        lost = f"{round(check.value * labelled)} of {labelled} labelled samples lost; "
+    if stage in _INT8_STAGES:
+        steps = _int8(recipe, calib_samples, labelled_calib)
+    elif stage in PASS_STAGES:
+        steps = [f"stages.{stage}.enabled=false (export without this rewrite)", "--layers to find the first block "
+                 "that diverges"]
+    else:
+        steps = ["--layers to find the first layer that diverges", "export.exporter=dynamo"
+                 if stage == StageName.export_onnx else "export.simplify=false"]
+    if check is not None and check.metric != "nonfinite":
+        key = _KEYS.get(check.metric, check.metric)
+        steps.append(f"or accept it: parity.{stage}.{key}={check.value:.4g}")
+    return f"{lost}try: " + ", ".join(steps)
