@@ -21,11 +21,12 @@ export_args = --target $(TARGET) \
 
 .PHONY: setup setup-rknn export test test-fast parity demo-model bench bench-quick bench-peers bench-legacy bench-npu clean
 
-setup:  ## create .venv and install vitexport with its dev tools (package registries only)
+setup:  ## create .venv and install vitexport with its dev tools, then .venv-rknn (package registries only)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/vitexport targets
+	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made (see above): the rk3588 target exits 2 naming make setup-rknn and its tests skip saying why"
 
 RKNN_VENV    := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
@@ -33,20 +34,26 @@ RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 TORCH_PIN    := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 # rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4 and imports torch: it lives in a venv of
-# its own that only vitexport/toolchains/rknn_worker.py runs in. Its torch<=2.4 pin is stricter than what
-# works, so torch comes from the project's pin and the toolkit itself goes in with --no-deps. The stamp
-# names the torch pin and the toolkit: a change of either rebuilds the venv; otherwise this is a no-op.
+# its own that only vitexport/toolchains/rknn_worker.py runs in. Its own requirements go in first
+# (without the cache: CI's disk is tight), the toolkit itself with --no-deps (its torch<=2.4 pin is
+# stricter than what works), then scripts/share_torch.py links the project venv's torch (the one pin in
+# pyproject.toml) and what torch requires into it instead of a second 5.3 GB CUDA build: 626 MB, not
+# 6.0 GB. The stamp names the torch pin and the toolkit: a change of either rebuilds the venv whole
+# (never pip install into it: an uninstall would follow the links into .venv); otherwise a no-op.
 RKNN_STAMP := $(RKNN_VENV)/.installed-$(subst ==,-,$(TORCH_PIN)-$(RKNN_TOOLKIT))
-$(RKNN_STAMP): vitexport/toolchains/rknn-requirements.txt
+RKNN_PIP   := $(RKNN_VENV)/bin/python -m pip install --quiet --no-cache-dir
+$(RKNN_STAMP): vitexport/toolchains/rknn-requirements.txt scripts/share_torch.py
+	@test -x $(BIN)/python || { echo "make setup-rknn borrows torch from $(VENV): run make setup first"; exit 2; }
 	rm -rf $(RKNN_VENV)
 	$(PYTHON) -m venv $(RKNN_VENV)
-	$(RKNN_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(RKNN_VENV)/bin/python -m pip install --quiet '$(TORCH_PIN)' -r vitexport/toolchains/rknn-requirements.txt
-	$(RKNN_VENV)/bin/python -m pip install --quiet --no-deps '$(RKNN_TOOLKIT)'
-	$(RKNN_VENV)/bin/python -c "from rknn.api import RKNN" > /dev/null 2>&1
+	$(RKNN_PIP) --upgrade pip
+	$(RKNN_PIP) -r vitexport/toolchains/rknn-requirements.txt
+	$(RKNN_PIP) --no-deps '$(RKNN_TOOLKIT)'
+	$(BIN)/python scripts/share_torch.py $(RKNN_VENV)
+	$(RKNN_VENV)/bin/python -I -c "import torch, rknn.api; assert torch.__version__.startswith('$(subst torch==,,$(TORCH_PIN))')"
 	touch $@
 
-setup-rknn: $(RKNN_STAMP)  ## the rknn-toolkit2 venv (.venv-rknn, ~6 GB with torch's CUDA build) for the rk3588 target
+setup-rknn: $(RKNN_STAMP)  ## the rknn-toolkit2 venv (.venv-rknn, 626 MB; torch borrowed from .venv) for the rk3588 target
 
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)
