@@ -3,9 +3,11 @@ OpenVINO INT8 vs FP32 on its CPU plugin -> bench/results-npu.md.
 
     python -m bench.npu [--models demo,vit_tiny,swin] [--samples 32] [--ov-models vit_tiny,vit_small]
 
-Per model: vitexport exports with the ``npu`` recipe and the overrides of :data:`RKNN_SETS`; then the
-float graph, its Q/DQ file and its calibration table go to rknn-toolkit2 (``make setup-rknn``) by the
-three routes of :mod:`vitexport.toolchains.rknn_routes`. Parity is measured against the torch model's
+Per model: vitexport exports with the ``rk3588`` recipe up to its INT8 file (:data:`RKNN_SETS`: the
+bench compiles every route itself); then the float graph, its Q/DQ file and its calibration table go to
+rknn-toolkit2 (``make setup-rknn``) by the three routes of :mod:`vitexport.toolchains.rknn_routes`,
+the ``qdq`` route's file being what ``--target rk3588`` compiles. OpenVINO: the ``openvino`` recipe's
+FP32 and INT8 files on the CPU plugin. Parity is measured against the torch model's
 logits on held-out inputs no calibration saw; the INT8 share comes from RKNN's own op table.
 """
 from __future__ import annotations
@@ -23,19 +25,18 @@ from vitexport.api import export
 from vitexport.runners import OnnxRuntimeRunner, OpenVinoRunner
 from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
+from vitexport.targets.rk3588 import Rk3588Target
 from vitexport.toolchains.rknn import RknnRequest, run_rknn
 from vitexport.toolchains.rknn_routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
 
-__all__ = ["main", "RKNN_SETS", "bench_model", "bench_openvino"]
+__all__ = ["main", "RKNN_SETS", "OV_SETS", "bench_model", "bench_openvino"]
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "npu"
-#: vitexport's settings for an RKNN Q/DQ file: no inserted smoothing Mul (RKNN folds it into the next
-#: Conv's weights and then rejects their quantization: "Invalid w_par['dtype'] = float16"), symmetric
-#: int8 activations and per-channel weights (RKNN runs both; per-channel is its own default)
-RKNN_SETS = ["quantization.smooth_insert=false", "quantization.asymmetric_activations=false",
-             "quantization.per_channel_weights=true", "quantization.measure_latency=false",
-             "calibration.num_samples=64"]
+#: the rk3588 recipe as it ships, without its own compile (the bench runs every route itself)
+RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
+#: the openvino recipe as it ships; the bench runs both files on the CPU plugin itself
+OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
 
 
 def _feeds(npz: str, name: str, n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
@@ -51,7 +52,8 @@ def _parity(out: np.ndarray, ref: np.ndarray) -> dict:
 
 def _rknn_row(onnx: Path, quant, feeds, ref, work: Path) -> dict:
     try:
-        res = run_rknn(RknnRequest(onnx=onnx, quantization=quant, rknn=work / "model.rknn", inputs=feeds), work)
+        res = run_rknn(RknnRequest(onnx=onnx, platform=Rk3588Target.platform, config=Rk3588Target.rknn_config,
+                                   quantization=quant, rknn=work / "model.rknn", inputs=feeds), work)
     except BadInput as exc:
         return {"error": str(exc)}
     return {**_parity(res.outputs[0], ref), **res.summary.to_dict(), "compile_s": res.compile_s,
@@ -63,7 +65,7 @@ def bench_model(key: str, samples: int) -> dict:
     work = WORK / key
     info = prepare_swin(work) if key == "swin" else prepare_model(MODELS[key], work, max_calib=64)
     out = work / "export"
-    export(info["uri"], "npu", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"],
+    export(info["uri"], "rk3588", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"],
            out=out, overrides=RKNN_SETS, resume=True)
     name = "x"
     calib = _feeds(info["calib"], name, 32)
@@ -93,13 +95,13 @@ def _latency_ms(runner: OpenVinoRunner, feed: dict, runs: int = 20) -> float:
 
 
 def bench_openvino(key: str, samples: int) -> dict:
-    """OpenVINO CPU plugin, 2 threads: vitexport's FP32 and INT8 files (cpu recipe) vs torch."""
+    """OpenVINO CPU plugin, 2 threads: vitexport's FP32 and INT8 files (openvino recipe) vs torch."""
     spec = MODELS[key]
     work = WORK / f"ov-{key}"
     info = prepare_model(spec, work, max_calib=64)
     out = work / "export"
-    export(info["uri"], "cpu", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
-           overrides=["quantization.measure_latency=false", "calibration.num_samples=64"], resume=True)
+    export(info["uri"], "openvino", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
+           overrides=OV_SETS, resume=True)
     held = _feeds(info["heldout"], "x", samples)
     ref = np.load(info["reference"])["logits"][: len(held)]
     row: dict = {}
@@ -123,8 +125,8 @@ def render(results: dict, ov: dict, samples: int) -> str:
              f"Regenerate: `python -m bench.npu` (needs `make setup-rknn`). Parity vs the torch model's logits on "
              f"{samples} held-out inputs per model (never calibrated on); INT8 share = INT8 GEMM/Conv MACs / all "
              "GEMM/Conv MACs from RKNN's own op table; compile = load_onnx + build + export_rknn; sim = RKNN x86 "
-             "simulator per sample. rknn-toolkit2 2.5.0, target rk3588. vitexport: `npu` recipe with "
-             f"`{' '.join('--set ' + s for s in RKNN_SETS)}`.", ""]
+             "simulator per sample. rknn-toolkit2 2.5.0, target rk3588. vitexport: the `rk3588` recipe "
+             f"(`{' '.join('--set ' + s for s in RKNN_SETS)}`); OpenVINO: the `openvino` recipe.", ""]
     for key, rows in results.items():
         title = SWIN_TITLE if key == "swin" else MODELS[key].title
         lines += [f"## {title}", "", "; ".join(rows.get("notes", [])), "",

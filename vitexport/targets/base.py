@@ -100,6 +100,9 @@ class Target:
     #: ONNX Runtime's fused integer kernels are this target's runtime, so parity is measured through
     #: them; other targets are measured with float Q/DQ semantics (what TensorRT / an NPU computes)
     runs_in_onnxruntime: ClassVar[bool] = False
+    #: the highest rank of a tensor a smoothing Mul may be inserted on (None: any); a site whose
+    #: tensor is deeper is folded where it can be, else left unsmoothed (the report says why)
+    max_insert_rank: ClassVar[int | None] = None
     #: the schema of the recipe's ``target_options:`` for this target
     Options: ClassVar[type[TargetOptions]] = TargetOptions
 

@@ -72,6 +72,10 @@ class Rk3588Target(Target):
     force_symmetric = True  # the INT8 layout RKNN runs was measured with symmetric int8 activations
     dedicated_pairs = False
     Options = Rk3588Options
+    #: RKNN 2.5.0's ``squeeze_nd_mul`` rule crashes on a Mul over a rank-6 tensor (Swin's window
+    #: partition, [1, 2, 2, 4, 4, 32]: ``'IRGraph' object has no attribute 'node_use_target_const'``) and,
+    #: with the rule disabled, its ``swap_transpose_reshape`` loops without end
+    max_insert_rank: ClassVar[int | None] = 4
     #: rknn-toolkit2's ``target_platform``
     platform: ClassVar[str] = "rk3588"
     #: the toolkit the worker's venv holds (``make setup-rknn``)
