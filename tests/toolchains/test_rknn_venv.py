@@ -17,6 +17,7 @@ PROBE = ("import json, numpy, onnx, torch; "
          "print(json.dumps([torch.__file__, torch.__version__, numpy.__version__, onnx.__version__]))")
 
 
+@pytest.mark.slow  # starts the rknn venv's interpreter and torch (~7 s): make test, not the fast lane
 def test_the_rknn_venv_runs_the_projects_torch_beside_its_own_numpy():
     missing = rknn_missing()
     if missing:
