@@ -19,13 +19,41 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup export test test-fast test-zoo parity demo-model bench bench-quick bench-peers bench-legacy clean
+.PHONY: setup setup-rknn export test test-fast test-zoo parity demo-model bench bench-quick bench-peers bench-legacy bench-npu clean
 
-setup:  ## create .venv and install vitexport with its dev tools (package registries only)
+setup:  ## create .venv and install vitexport with its dev tools, then .venv-rknn (package registries only)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/vitexport targets
+	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made (see above): the rk3588 target exits 2 naming make setup-rknn and its tests skip saying why"
+
+RKNN_VENV    := .venv-rknn
+RKNN_TOOLKIT := rknn-toolkit2==2.5.0
+# the project's one torch pin, read from pyproject.toml (never written twice)
+TORCH_PIN    := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
+
+# rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4 and imports torch: it lives in a venv of
+# its own that only vitexport/toolchains/rknn_worker.py runs in. Its own requirements go in first
+# (without the cache: CI's disk is tight), the toolkit itself with --no-deps (its torch<=2.4 pin is
+# stricter than what works), then scripts/share_torch.py links the project venv's torch (the one pin in
+# pyproject.toml) and what torch requires into it instead of a second 5.3 GB CUDA build: 626 MB, not
+# 6.0 GB. The stamp names the torch pin and the toolkit: a change of either rebuilds the venv whole
+# (never pip install into it: an uninstall would follow the links into .venv); otherwise a no-op.
+RKNN_STAMP := $(RKNN_VENV)/.installed-$(subst ==,-,$(TORCH_PIN)-$(RKNN_TOOLKIT))
+RKNN_PIP   := $(RKNN_VENV)/bin/python -m pip install --quiet --no-cache-dir
+$(RKNN_STAMP): vitexport/toolchains/rknn-requirements.txt scripts/share_torch.py
+	@test -x $(BIN)/python || { echo "make setup-rknn borrows torch from $(VENV): run make setup first"; exit 2; }
+	rm -rf $(RKNN_VENV)
+	$(PYTHON) -m venv $(RKNN_VENV)
+	$(RKNN_PIP) --upgrade pip
+	$(RKNN_PIP) -r vitexport/toolchains/rknn-requirements.txt
+	$(RKNN_PIP) --no-deps '$(RKNN_TOOLKIT)'
+	$(BIN)/python scripts/share_torch.py $(RKNN_VENV)
+	$(RKNN_VENV)/bin/python -I -c "import torch, rknn.api; assert torch.__version__.startswith('$(subst torch==,,$(TORCH_PIN))')"
+	touch $@
+
+setup-rknn: $(RKNN_STAMP)  ## the rknn-toolkit2 venv (.venv-rknn, 626 MB; torch borrowed from .venv) for the rk3588 target
 
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)
@@ -70,6 +98,9 @@ bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (pee
 
 bench-legacy:  ## the earlier bench: vitexport vs torch.onnx.export + quantize_static, memory grid -> bench/results-legacy.md
 	$(BIN)/python -m bench.run --plan legacy
+
+bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~5 min on 2 cores)
+	$(BIN)/python -m bench.npu
 
 clean:
 	rm -rf build bench/work .pytest_cache

@@ -78,6 +78,7 @@ def prepare(
         ResourceLimit: the run cannot fit in memory (the estimate and the setting are named).
     """
     run_target = load_target(target, overrides)
+    run_target.require_toolchain()  # before the model loads: a missing compiler fails in a second, not after minutes
     recipe = run_target.recipe
     if model_uri is None:
         model_uri = DEMO_MODEL_URI

@@ -2,7 +2,8 @@
 reference.
 
 model source → freeze_layernorm → mask_to_where → fuse_qkv → export_onnx → simplify →
-quantize_int8 → what the target contributes (orin: build_engine, where TensorRT and a GPU exist).
+quantize_int8 → what the target contributes (orin: build_engine, where TensorRT and a GPU exist;
+rk3588: build_engine → model.rknn, simulate on RKNN's simulator; openvino: build_engine → its IR).
 
 The loop alone owns timing, peak memory, parity gating, failure and resume. Every artifact is
 written atomically. After each stage the run's state (stage → content key, artifact hashes, parity
@@ -285,6 +286,9 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "resumed_stages": list(arts.resumed),
         # what the INT8 engine will run (INT8 share of GEMM MACs, FP16 / FP32 bytes, FP32 islands)
         "precision": next((s.details["quantize"].get("precision") for s in run.stages if "quantize" in s.details), None),
+        # what the target's runtime runs, read from the runtime itself (rk3588: RKNN's op table; openvino:
+        # the CPU plugin's runtime model): ops on the NPU / CPU, INT8 share of GEMM/Conv MACs, float parts
+        "runtime": {s.stage: s.details["runtime"] for s in run.stages if "runtime" in s.details},
         "artifacts": {
             name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for name, p in sorted(arts.files.items())

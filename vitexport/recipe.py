@@ -54,6 +54,7 @@ class StageName(enum.StrEnum):
     simplify = "simplify"
     quantize_int8 = "quantize_int8"
     build_engine = "build_engine"
+    simulate = "simulate"
 
 
 #: the torch passes, in the order the pipeline runs them
@@ -131,7 +132,7 @@ class OnnxTolerance(Tolerance):
 
 
 class EngineTolerance(Tolerance):
-    """INT8 on the target's runtime (``build_engine``): direction and decisions, not digits."""
+    """INT8 on the target's runtime (``build_engine``, ``simulate``): direction and decisions, not digits."""
 
     cosine_min: float | None = 0.98
     top1_agreement: float | None = 0.9
@@ -158,6 +159,7 @@ class ParitySpec(_Spec):
     simplify: OnnxTolerance = OnnxTolerance()
     quantize_int8: Int8Tolerance = Int8Tolerance()
     build_engine: EngineTolerance = EngineTolerance()
+    simulate: EngineTolerance = EngineTolerance()
 
     @field_validator("*", mode="before")
     @classmethod
@@ -177,13 +179,16 @@ class StageToggle(_Spec):
 
 class StagesSpec(_Spec):
     """Switches for the optional stages (export and simplify always run). ``build_engine`` applies
-    where the target contributes an engine stage (orin); other targets have none to switch."""
+    where the target contributes an engine stage (orin: the TensorRT engine, rk3588: ``model.rknn``,
+    openvino: the IR), ``simulate`` where it runs that engine on a vendor's simulator (rk3588);
+    other targets have none to switch."""
 
     freeze_layernorm: FreezeLayerNormSpec = FreezeLayerNormSpec()
     mask_to_where: StageToggle = StageToggle()
     fuse_qkv: StageToggle = StageToggle()
     quantize_int8: StageToggle = StageToggle()
     build_engine: StageToggle = StageToggle()
+    simulate: StageToggle = StageToggle()
 
 
 class ExportSpec(_Spec):
@@ -338,6 +343,9 @@ class Recipe(_Spec):
     quantization: QuantizationSpec = QuantizationSpec()
     parity: ParitySpec = ParitySpec()
     parity_data: ParityDataSpec = ParityDataSpec()
+    target_options: dict[str, Any] = Field(
+        default={}, description="settings only the target understands (its ``Options`` schema validates them when "
+                                "the recipe is loaded: unknown keys are errors there too)")
 
     @field_validator("target")
     @classmethod
@@ -433,6 +441,8 @@ def _format_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     kind = first["type"]
+    if kind == "value_error" and not first["loc"]:  # a whole-recipe check: its message names the keys
+        return f"{source}: {first['msg'].removeprefix('Value error, ')}"
     if kind == "extra_forbidden":
         msg = f"unknown key (now {RENAMED_KEYS[loc]})" if loc in RENAMED_KEYS else "unknown key"
     elif kind == "enum":

@@ -9,6 +9,7 @@ import onnx_ir as ir
 __all__ = [
     "PASS_THROUGH_OPS",
     "const_array",
+    "quantized_linears",
     "is_const",
     "static_shape",
     "attr",
@@ -105,3 +106,19 @@ def set_dtype(value: ir.Value, dtype: ir.DataType) -> None:
     """Give ``value`` a new tensor type. (``value.dtype = …`` edits its type object in place, and an
     onnx-ir clone shares type objects with its original: the float model would change too.)"""
     value.type = ir.TensorType(dtype)
+
+
+def quantized_linears(model: ir.Model) -> list[ir.Node]:
+    """MatMul / Gemm nodes that read a DequantizeLinear activation and a DequantizeLinear of a constant
+    2-D weight: the Linears a Q/DQ file quantizes, in graph order."""
+    out = []
+    for node in model.graph:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
+            continue
+        x, w = (v.producer() if v is not None else None for v in node.inputs[:2])
+        if x is None or w is None or x.op_type != "DequantizeLinear" or w.op_type != "DequantizeLinear":
+            continue
+        weight = const_array(w.inputs[0])
+        if weight is not None and weight.ndim == 2:
+            out.append(node)
+    return out

@@ -136,12 +136,15 @@ def _linear_uses(value: ir.Value, channels: int, planned: Mapping) -> tuple[list
     return uses, linears
 
 
-def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True) -> tuple[list[SmoothSite], dict[str, str]]:
+def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
+               max_insert_rank: int | None = None) -> tuple[list[SmoothSite], dict[str, str]]:
     """Sites where smoothing applies, and why other quantized Linears' inputs are not sites.
 
     Args:
         insert: also make *insert* sites (a Mul in front of the Linears) where no LayerNorm or
             affine node can absorb the factors.
+        max_insert_rank: the highest rank of a tensor an inserted Mul may multiply (None: any; the
+            target's ``max_insert_rank``).
     """
     planned = {n.node: n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None}
     values = ir.convenience.create_value_mapping(model.graph)
@@ -159,7 +162,10 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True) -> tuple[l
         if not shp:
             skipped[spec.node] = "input shape unknown"
             continue
-        site, why = _site(v, shp[-1], planned, insert)
+        deep = max_insert_rank is not None and len(shp) > max_insert_rank
+        site, why = _site(v, shp[-1], planned, insert and not deep)
+        if site is None and insert and deep and why.endswith("inserting a Mul is off"):
+            why = f"an inserted Mul would multiply a rank-{len(shp)} tensor; the {plan.target} target takes rank <= {max_insert_rank}"
         if site is None:
             skipped[v.name] = why
         else:

@@ -15,16 +15,28 @@ from pathlib import Path
 from typing import ClassVar
 
 import onnx_ir as ir
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..check.rules import RuntimeRules
 from ..check.violation import Violation
+from ..errors import BadInput
 from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
 from ..recipe import Recipe
 from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
 from ..stages.base import Contribution
 
-__all__ = ["Target"]
+__all__ = ["Target", "TargetOptions"]
+
+
+class TargetOptions(BaseModel):
+    """A target's own settings, the recipe's ``target_options:`` mapping (none by default).
+
+    A target that has some subclasses this with typed fields and defaults and names it as its
+    ``Options``; unknown keys are errors naming ``target_options.<key>`` and the recipe file.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Target:
@@ -54,9 +66,11 @@ class Target:
        scales (orin: TensorRT's ``calibration.cache``); :meth:`contribution` returns files written
        beside the Q/DQ model and stages run after it (orin: ``build_engine.sh`` and the TensorRT
        engine stage, :mod:`vitexport.targets.tensorrt_engine`).
-    7. **Recipe cross-checks**: :meth:`check_recipe` refuses recipes the target cannot run, at
-       load time, with the key to change (a target with ``forbid_float16`` refuses
-       ``quantization.high_precision: fp16``).
+    7. **Recipe cross-checks and its own settings**: :meth:`check_recipe` refuses recipes the
+       target cannot run, at load time, with the key to change (a target with ``forbid_float16``
+       refuses ``quantization.high_precision: fp16``); settings only this target understands are a
+       :class:`TargetOptions` subclass named ``Options`` (the recipe's ``target_options:``, parsed
+       into :attr:`options`; rk3588's ``route``).
     8. **Its tests**: the tests parametrized over the registry run every registered target through
        the same checks (``tests/targets/``: complete, its recipe validates and matches ``recipes/``;
        ``tests/test_cli.py``: it exports the demo and its files pass ``vitexport check`` without a
@@ -86,10 +100,20 @@ class Target:
     #: ONNX Runtime's fused integer kernels are this target's runtime, so parity is measured through
     #: them; other targets are measured with float Q/DQ semantics (what TensorRT / an NPU computes)
     runs_in_onnxruntime: ClassVar[bool] = False
+    #: the highest rank of a tensor a smoothing Mul may be inserted on (None: any); a site whose
+    #: tensor is deeper is folded where it can be, else left unsmoothed (the report says why)
+    max_insert_rank: ClassVar[int | None] = None
+    #: the schema of the recipe's ``target_options:`` for this target
+    Options: ClassVar[type[TargetOptions]] = TargetOptions
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
         self.spec = recipe.quantization
+        #: the recipe's ``target_options`` parsed by :attr:`Options` (checked at load by :meth:`check_recipe`)
+        try:
+            self.options = self.Options.model_validate(recipe.target_options)
+        except ValidationError:  # a recipe built in Python skipped the load-time check
+            raise BadInput(f"recipe {recipe.name}: {'; '.join(self.check_recipe(recipe))}") from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(recipe={self.recipe.name!r})"
@@ -107,9 +131,18 @@ class Target:
         Called when a recipe is loaded (:func:`vitexport.targets.load_recipe`); the schema's own
         checks (opset within the contract...) have run already.
         """
+        problems = []
         if cls.forbid_float16 and recipe.quantization.high_precision == "fp16":
-            return [f"quantization.high_precision: fp16 on the {cls.name} target, which runs no float16; use fp32"]
-        return []
+            problems.append(f"quantization.high_precision: fp16 on the {cls.name} target, which runs no float16; use fp32")
+        try:
+            cls.Options.model_validate(recipe.target_options)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(["target_options", *(str(p) for p in first["loc"])])
+            what = (f"unknown key (the {cls.name} target takes: {', '.join(cls.Options.model_fields) or 'none'})"
+                    if first["type"] == "extra_forbidden" else f"{first['msg']} (got {first.get('input')!r})")
+            problems.append(f"{key}: {what}")
+        return problems
 
     # --- annotate: where Q/DQ goes, how it is written -----------------------------------------------
     def annotate(self, model: ir.Model) -> QuantPlan:
@@ -177,3 +210,9 @@ class Target:
     def contribution(self) -> Contribution:
         """Files written beside the Q/DQ model and stages run after ``quantize_int8`` (none by default)."""
         return Contribution()
+
+    def require_toolchain(self) -> None:
+        """Raise :class:`~vitexport.errors.BadInput` naming how to install it when a tool this run's
+        stages need is missing (none by default). ``vitexport export`` calls it before loading the
+        model, so a run without its compiler stops in a second, not after the INT8 stage.
+        """

@@ -1,0 +1,129 @@
+"""Tiny ONNX graphs for the RKNN tests, written with onnx.helper (seconds to compile with RKNN)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper as nh
+from onnx import TensorProto, helper
+
+__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "TOKENS", "DIM", "HEADS"]
+
+TOKENS, DIM, HEADS = 8, 16, 2
+
+
+def _model(nodes, inits, out_shape, in_shape=(1, 1, TOKENS, DIM), extra_inputs=()) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape)), *extra_inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def masked_attention(seed: int = 0, pad: int = 3, fill: float = -3.4e38, runtime_mask: bool = False) -> onnx.ModelProto:
+    """x[1,1,T,D] → Linear → softmax(x·xᵀ masked) · x: the last ``pad`` keys masked with a broadcast
+    ``bool[1,1,1,T]`` condition, as vitexport's mask_to_where writes it; ``runtime_mask``: the condition
+    is a second input ``keep`` (a padding mask that arrives with the data)."""
+    rs = np.random.RandomState(seed)
+    keep = np.ones((1, 1, 1, TOKENS), bool)
+    keep[..., TOKENS - pad:] = False
+    inits = [nh.from_array((rs.randn(DIM, DIM) * 0.3).astype(np.float32), "w"),
+             nh.from_array(keep, "keep"), nh.from_array(np.array(fill, np.float32), "fill"),
+             nh.from_array(np.array(DIM ** -0.5, np.float32), "scale")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="linear"),
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 1, 3, 2], name="kt"),
+        helper.make_node("MatMul", ["h", "ht"], ["s0"], name="qk"),
+        helper.make_node("Mul", ["s0", "scale"], ["s"], name="scale_mul"),
+        helper.make_node("Where", ["keep", "s", "fill"], ["sm"], name="mask_where"),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "h"], ["y"], name="pv"),
+    ]
+    if not runtime_mask:
+        return _model(nodes, inits, (1, 1, TOKENS, DIM))
+    keep_input = helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 1, 1, TOKENS])
+    return _model(nodes, [i for i in inits if i.name != "keep"], (1, 1, TOKENS, DIM), extra_inputs=[keep_input])
+
+
+def _qdq(nodes, inits, x: str, scale: float, tag: str) -> str:
+    inits += [nh.from_array(np.array(scale, np.float32), f"{tag}_s"), nh.from_array(np.array(0, np.int8), f"{tag}_z")]
+    nodes.append(helper.make_node("QuantizeLinear", [x, f"{tag}_s", f"{tag}_z"], [f"{tag}_q"], name=f"{tag}_Q"))
+    nodes.append(helper.make_node("DequantizeLinear", [f"{tag}_q", f"{tag}_s", f"{tag}_z"], [f"{tag}_dq"], name=f"{tag}_DQ"))
+    return f"{tag}_dq"
+
+
+def qdq_linear(seed: int = 0, cout: int = 32) -> onnx.ModelProto:
+    """x[1,T,D] → Q/DQ → MatMul(DQ(int8 W[D,cout]) per output channel) → + bias → Relu: the layout
+    vitexport's quantizer writes for a Linear."""
+    rs = np.random.RandomState(seed)
+    w = (rs.randn(DIM, cout) * 0.2).astype(np.float32)
+    ws = np.abs(w).max(axis=0) / 127
+    nodes: list = []
+    inits = [nh.from_array(np.round(w / ws).astype(np.int8), "wq"), nh.from_array(ws.astype(np.float32), "ws"),
+             nh.from_array(np.zeros(cout, np.int8), "wz"), nh.from_array((rs.randn(cout) * 0.1).astype(np.float32), "b")]
+    xin = _qdq(nodes, inits, "x", 4.0 / 127, "x")
+    nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1, name="w_DQ"),
+              helper.make_node("MatMul", [xin, "w"], ["mm"], name="linear"),
+              helper.make_node("Add", ["mm", "b"], ["lin"], name="bias"),
+              helper.make_node("Relu", ["lin"], ["y"], name="relu")]
+    return _model(nodes, inits, (1, TOKENS, cout), in_shape=(1, TOKENS, DIM))
+
+
+def qdq_patch_conv(seed: int = 0, chans: int = 3, size: int = 16, patch: int = 4, dim: int = 24) -> onnx.ModelProto:
+    """x[1,C,H,W] → Q/DQ → Conv p x p stride p (int8 weights per output channel, bias) → Relu: a
+    patch embedding as vitexport's quantizer writes it."""
+    rs = np.random.RandomState(seed)
+    w = (rs.randn(dim, chans, patch, patch) * 0.2).astype(np.float32)
+    ws = np.abs(w).reshape(dim, -1).max(axis=1) / 127
+    nodes: list = []
+    inits = [nh.from_array(np.round(w / ws[:, None, None, None]).astype(np.int8), "wq"),
+             nh.from_array(ws.astype(np.float32), "ws"), nh.from_array(np.zeros(dim, np.int8), "wz"),
+             nh.from_array((rs.randn(dim) * 0.1).astype(np.float32), "b")]
+    xin = _qdq(nodes, inits, "x", 4.0 / 127, "x")
+    nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0, name="w_DQ"),
+              helper.make_node("Conv", [xin, "w", "b"], ["c"], kernel_shape=[patch, patch], strides=[patch, patch],
+                               name="patch"),
+              helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, inits, (1, dim, size // patch, size // patch), in_shape=(1, chans, size, size))
+
+
+def qdq_attention(seed: int = 0) -> onnx.ModelProto:
+    """q, k, v [1, H, T, D] → softmax((q·s) Kᵀ) · v as vitexport's quantizer writes timm's attention: the
+    1/√d scale on q before its Q/DQ, Kᵀ and v Q/DQ'd right before their MatMuls, the scores unquantized
+    straight into Softmax, the probabilities Q/DQ'd into attn·V, whose output is Q/DQ'd after the heads'
+    Transpose (the next Linear's input)."""
+    del seed  # the inputs carry the data
+    nodes: list = []
+    inits = [nh.from_array(np.array(DIM ** -0.5, np.float32), "scale")]
+    nodes.append(helper.make_node("Mul", ["q", "scale"], ["qs"], name="q_scale"))
+    nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"))
+    qq, kq, vq = _qdq(nodes, inits, "qs", 1.0 / 127, "qa"), _qdq(nodes, inits, "kt", 4.0 / 127, "ka"), _qdq(nodes, inits, "v", 4.0 / 127, "va")
+    nodes += [helper.make_node("MatMul", [qq, kq], ["scores"], name="qk"),
+              helper.make_node("Softmax", ["scores"], ["p"], axis=-1, name="softmax")]
+    pq = _qdq(nodes, inits, "p", 1.0 / 127, "pa")
+    nodes += [helper.make_node("MatMul", [pq, vq], ["o"], name="pv"),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="heads_back")]
+    _qdq(nodes, inits, "ot", 4.0 / 127, "y")  # the next Linear's input Q/DQ
+    nodes[-1].output[0] = "y"
+    shape = [1, HEADS, TOKENS, DIM]
+    extra = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("k", "v")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q", TensorProto.FLOAT, shape), *extra],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, HEADS, DIM])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def patch_merging(grid: int = 4, dim: int = 8) -> onnx.ModelProto:
+    """Swin's patch merging as timm exports it: x[1, grid², C] → [1, g/2, 2, g/2, 2, C] → Transpose(0,1,3,4,2,5)
+    → [1, g/2, g/2, 4C] → Linear."""
+    rs = np.random.RandomState(0)
+    h = grid // 2
+    inits = [nh.from_array(np.array([1, h, 2, h, 2, dim], np.int64), "s6"), nh.from_array(np.array([1, h, h, 4 * dim], np.int64), "s4"),
+             nh.from_array((rs.randn(4 * dim, dim) * 0.2).astype(np.float32), "w")]
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"], name="r6"),
+             helper.make_node("Transpose", ["r6"], ["t"], perm=[0, 1, 3, 4, 2, 5], name="merge"),
+             helper.make_node("Reshape", ["t", "s4"], ["r4"], name="r4"),
+             helper.make_node("MatMul", ["r4", "w"], ["y"], name="reduction")]
+    return _model(nodes, inits, (1, h, h, dim), in_shape=(1, grid * grid, dim))

@@ -1,0 +1,97 @@
+"""Rockchip RK3588's NPU through rknn-toolkit2 2.5.0: ``model.rknn``, gated on RKNN's x86 simulator.
+
+rknn-toolkit2 lives in a venv of its own (``make setup-rknn``: it pins numpy<=1.26.4 / onnx<=1.18 and
+imports torch) and runs in a worker process (:mod:`vitexport.toolchains.rknn`). The target owns
+- where Q/DQ goes: symmetric int8 activations, per-channel weights (RKNN's own default), attention's
+  Q·Kᵀ and attn·V quantized; smoothing Muls inserted before Linears stay (RKNN refused them,
+  ``Invalid w_par['dtype'] = float16``, only while the Linears read float inputs; in the Q/DQ layout
+  the demo with its 4 inserted Muls compiles with 100 % of its GEMM/Conv MACs in INT8);
+- the route by which the INT8 reaches RKNN (``target_options.route``, :mod:`vitexport.toolchains.rknn_routes`):
+  ``qdq`` (default, the best measured in ``bench/results-npu.md``: vitexport's Q/DQ in the layout
+  RKNN runs as INT8), ``rknn`` (RKNN's own quantizer on vitexport's float graph), ``hybrid``
+  (vitexport's ranges written into RKNN's quantization config);
+- what its runtime accepts: :class:`RknnRules`, the patterns RKNN crashes on, hangs on or runs on the
+  CPU, checked on the file as it will be laid out for RKNN;
+- the INT8 gate's arithmetic: float Q/DQ semantics (the float parts run in FP16 on the NPU; the
+  ``simulate`` stage measures that);
+- two stages (:mod:`.rknn_stages`): ``build_engine`` → ``model.rknn``, ``simulate`` on RKNN's simulator.
+
+RKNN's config: ``remove_reshape`` drops the Reshape RKNN otherwise runs on the CPU at the model's
+output ((1, C, 1, 1) → (1, C)); ``model.rknn`` then returns the same values in RKNN's 4-D layout,
+which an application reads as the ONNX shape (a view, no copy).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import onnx_ir as ir
+from pydantic import Field
+
+from ..check.rules import RuntimeRules, violation
+from ..check.violation import Violation
+from ..stages.base import Contribution
+from ..toolchains.rknn import require_rknn
+from ..toolchains.rknn_graph import HAZARD_RULES
+from ..toolchains.rknn_routes import Route, layout_hazards
+from .base import Target, TargetOptions
+from .registry import register_target
+from .rknn_stages import RKNN
+
+__all__ = ["Rk3588Target", "Rk3588Options", "RknnRules"]
+
+
+class Rk3588Options(TargetOptions):
+    """``target_options`` of the rk3588 target."""
+
+    route: Route = Field(
+        default="qdq", description="how vitexport's INT8 reaches RKNN: qdq (its Q/DQ file in RKNN's INT8 layout), "
+                                   "rknn (RKNN's own quantizer on the float graph), hybrid (vitexport's ranges in "
+                                   "RKNN's quantization config)")
+    calibration_samples: int = Field(
+        default=32, ge=1, description="calibration samples that measure the ranges of the Q/DQ the layout adds (and "
+                                      "RKNN's own quantizer's dataset in the rknn / hybrid routes)")
+    timeout_s: float = Field(default=3600.0, gt=0, description="rknn-toolkit2's worker is stopped after this long")
+
+
+class RknnRules(RuntimeRules):
+    """What rknn-toolkit2 2.5.0 crashes on, hangs on or runs on the CPU, in the file as it will be laid
+    out for RKNN (the Q/DQ layout for a Q/DQ file, the float forms otherwise)."""
+
+    RULES = RuntimeRules.RULES + HAZARD_RULES
+
+    def graph(self, model: ir.Model, opset: int) -> list[Violation]:
+        return [violation(h.rule, h.node, h.problem, h.hint) for h in layout_hazards(model)]
+
+
+@register_target
+class Rk3588Target(Target):
+    """Rockchip RK3588 NPU: ``model.rknn`` compiled by rknn-toolkit2, gated on its simulator."""
+
+    name = "rk3588"
+    description = "Rockchip RK3588 NPU, rknn-toolkit2 2.5.0: model.rknn, parity on RKNN's x86 simulator"
+    force_symmetric = True  # the INT8 layout RKNN runs was measured with symmetric int8 activations
+    dedicated_pairs = False
+    Options = Rk3588Options
+    #: RKNN 2.5.0's ``squeeze_nd_mul`` rule crashes on a Mul over a rank-6 tensor (Swin's window
+    #: partition, [1, 2, 2, 4, 4, 32]: ``'IRGraph' object has no attribute 'node_use_target_const'``) and,
+    #: with the rule disabled, its ``swap_transpose_reshape`` loops without end
+    max_insert_rank: ClassVar[int | None] = 4
+    #: rknn-toolkit2's ``target_platform``
+    platform: ClassVar[str] = "rk3588"
+    #: the toolkit the worker's venv holds (``make setup-rknn``)
+    toolkit: ClassVar[str] = "rknn-toolkit2==2.5.0"
+    #: ``RKNN.config`` beyond the platform (see the module docstring)
+    rknn_config: ClassVar[dict[str, Any]] = {"remove_reshape": True}
+
+    def rules(self) -> RknnRules:
+        return RknnRules()
+
+    def contribution(self) -> Contribution:
+        """The ``build_engine`` (``model.rknn``) and ``simulate`` stages."""
+        return RKNN
+
+    def require_toolchain(self) -> None:
+        """rknn-toolkit2's venv, when this run compiles (``make setup-rknn`` creates it)."""
+        stages = self.recipe.stages
+        if stages.quantize_int8.enabled and stages.build_engine.enabled:
+            require_rknn()

@@ -1,0 +1,276 @@
+"""Float-graph forms rknn-toolkit2 2.5.0 compiles onto the NPU, and the patterns it crashes on (measured
+with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.rknn_qdq`).
+
+- :class:`FullShapeMasks`: a ``Where`` mask whose condition broadcasts (``bool[1,1,1,N]`` against
+  ``[B,H,N,N]`` scores) crashes RKNN's compiler (SIGSEGV in ``RKNNSubgraphManager``, which fuses
+  ``Where → Softmax`` into a masked softmax), whatever the fill. The same mask written full-shape
+  builds and is exact in FP16. Fills below −3e38 are rewritten by RKNN to −10000, so the pass writes
+  −10000 itself (the file then says what runs). An *additive* mask builds too (RKNN fuses it into its
+  ``exSDPAttention``) but RKNN's INT8 quantizer calibrates it like data (demo: cosine −0.29).
+- :class:`CollapseTransposes`: a Transpose of more than 4 axes whose moved axes form at most 4 runs
+  (Swin's patch merging: ``[1,4,2,4,2,C]`` with perm ``(0,1,3,4,2,5)``) as Reshape → 4-D Transpose →
+  Reshape. RKNN lays the 6-D one out as a 5-D Transpose it runs on the CPU (in every route, its own
+  FP16 and INT8 builds too); the 4-D one runs on the NPU (shrunk Swin-T: 0 ops on the CPU).
+- :func:`rknn_hazards`: the patterns above and the INT8-layout ones, found before RKNN sees the file,
+  one line per node with the rule (so a crash names the node, not only the compiler pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_common
+import onnxruntime as ort
+
+from ..graph.passes import GraphPass, GraphPassReport
+from ..graph.query import const_array, static_shape
+
+__all__ = ["FullShapeMasks", "CollapseTransposes", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
+           "infer_shapes", "output_ranges", "activation_zp_dtype",
+           "patch_convs", "patch_size", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH"]
+
+#: what RKNN writes for a fill below −3e38 ("corrected to -10000"); exp(−10000 − max) is 0 in FP32 and
+#: FP16 alike, and −10000 is exact in FP16 (largest finite 65504)
+RKNN_FILL = -10000.0
+_FILL_LIMIT = -3e38
+#: the most axes of a Transpose RKNN runs on the NPU
+MAX_TRANSPOSE_RANK = 4
+#: the largest p of a p x p stride-p Q/DQ Conv RKNN 2.5.0 compiles in INT8 (4x4 runs ``Conv INT8``; 16x16
+#: crashes in ``RKNNWeightTransposePass`` or is refused: ``KeyError: 'x_dq_conv'``)
+MAX_QDQ_PATCH = 4
+
+
+def new_initializer(model: ir.Model, name: str, arr: np.ndarray) -> ir.Value:
+    """A new initializer holding ``arr`` (the name made unique)."""
+    base, k = name, 0
+    while name in model.graph.initializers:
+        k += 1
+        name = f"{base}_{k}"
+    v = ir.Value(name=name, const_value=ir.tensor(arr, name=name), shape=ir.Shape(arr.shape),
+                 type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
+    model.graph.register_initializer(v)
+    return v
+
+
+def producer(value: ir.Value | None, op: str) -> ir.Node | None:
+    """The node of type ``op`` that produces ``value``, else None."""
+    p = value.producer() if value is not None else None
+    return p if p is not None and p.op_type == op else None
+
+
+def infer_shapes(model: ir.Model) -> None:
+    """Static shapes on every value (the rewrites need them); a no-op when the file carries them."""
+    if any(o.shape is None for n in model.graph for o in n.outputs):
+        ir_common.ShapeInferencePass(strict_mode=False)(model)
+
+
+class FullShapeMasks(GraphPass):
+    """``Where`` conditions at the full shape of the scores (a constant one rewritten, one computed at
+    run time expanded by an ``Expand``); fills below −3e38 as −10000 (see the module docstring)."""
+
+    name = "rknn_full_shape_masks"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        infer_shapes(model)  # the scores' shape decides the mask's
+        expanded: dict[tuple[str, tuple[int, ...]], ir.Value] = {}  # one Expand per mask and shape, shared
+        for node in list(model.graph):
+            if node.op_type != "Where":
+                continue
+            cond, x, fill = node.inputs
+            shape, cshape = static_shape(x), static_shape(cond)
+            if shape is None or cshape is None:
+                report.skipped[node.name] = "scores or condition without a static shape"
+                continue
+            report.changed += self._full(model, node, cshape, shape, expanded) | self._fill(model, node)
+
+    @staticmethod
+    def _full(model: ir.Model, node: ir.Node, cshape: tuple[int, ...], shape: tuple[int, ...],
+              expanded: dict[tuple[str, tuple[int, ...]], ir.Value]) -> bool:
+        cond, carr, farr = node.inputs[0], const_array(node.inputs[0]), const_array(node.inputs[2])
+        full = tuple(np.broadcast_shapes(cshape, shape, farr.shape if farr is not None else ()))
+        if tuple(cshape) == full:
+            return False
+        if carr is not None:
+            mask = np.ascontiguousarray(np.broadcast_to(carr, full))
+            node.replace_input_with(0, new_initializer(model, f"{cond.name}_full", mask))
+            return True
+        # computed at run time (a padding mask from an input): Expand it, once for every Where that reads it
+        key = (cond.name, full)
+        if key not in expanded:
+            expand = ir.node("Expand", [cond, new_initializer(model, f"{node.name}_mask_shape", np.array(full, np.int64))],
+                             name=f"{node.name}_mask_Expand")
+            expand.outputs[0].shape, expand.outputs[0].dtype = ir.Shape(full), cond.dtype
+            expand.outputs[0].name = f"{cond.name}_full"
+            if cond.producer() is not None:  # beside the mask: every Where after it can read it
+                model.graph.insert_after(cond.producer(), [expand])
+            else:
+                model.graph.insert_before(node, [expand])
+            expanded[key] = expand.outputs[0]
+        node.replace_input_with(0, expanded[key])
+        return True
+
+    @staticmethod
+    def _fill(model: ir.Model, node: ir.Node) -> bool:
+        fill = node.inputs[2]
+        farr = const_array(fill)
+        if farr is None or farr.size != 1 or float(farr.reshape(-1)[0]) >= _FILL_LIMIT:
+            return False
+        node.replace_input_with(2, new_initializer(model, f"{fill.name}_rknn", np.array(RKNN_FILL, farr.dtype).reshape(farr.shape)))
+        return True
+
+
+def _runs(perm: Sequence[int], shape: Sequence[int]) -> list[list[int]]:
+    """The perm's runs of input axes that stay consecutive in the output, size-1 axes left out (they
+    move nothing)."""
+    moved = [a for a in perm if shape[a] != 1]
+    runs: list[list[int]] = []
+    for a in moved:
+        prev = runs[-1][-1] if runs else None
+        if prev is not None and all(shape[b] == 1 for b in range(prev + 1, a)) and a > prev:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs or [[perm[0]]]
+
+
+class CollapseTransposes(GraphPass):
+    """Each Transpose of more than :data:`MAX_TRANSPOSE_RANK` axes whose moved axes form at most that
+    many runs, as Reshape → Transpose → Reshape of the same function (see the module docstring)."""
+
+    name = "rknn_collapse_transposes"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        infer_shapes(model)
+        for node in list(model.graph):
+            if node.op_type != "Transpose" or node.attributes.get("perm") is None:
+                continue
+            perm = list(node.attributes["perm"].as_ints())
+            shape, out_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+            if len(perm) <= MAX_TRANSPOSE_RANK:
+                continue
+            if shape is None or out_shape is None:
+                report.skipped[node.name] = "no static shape"
+                continue
+            runs = _runs(perm, shape)
+            if len(runs) > MAX_TRANSPOSE_RANK:
+                report.skipped[node.name] = f"{len(runs)} runs of axes move: no {MAX_TRANSPOSE_RANK}-D form"
+                continue
+            order = sorted(runs, key=lambda r: r[0])
+            # a run spans the size-1 axes inside it: its size is the product from its first to its last axis
+            merged = np.array([int(np.prod(shape[r[0]:r[-1] + 1])) for r in order], np.int64)
+            name = node.name or node.outputs[0].name
+            r_in = ir.node("Reshape", [node.inputs[0], new_initializer(model, f"{name}_4d_in", merged)],
+                           name=f"{name}_4d_Reshape_in")
+            tr = ir.node("Transpose", [r_in.outputs[0]], attributes={"perm": [order.index(r) for r in runs]},
+                         name=f"{name}_4d")
+            r_out = ir.node("Reshape", [tr.outputs[0], new_initializer(model, f"{name}_4d_out", np.array(out_shape, np.int64))],
+                            name=f"{name}_4d_Reshape_out")
+            r_out.outputs[0].shape, r_out.outputs[0].dtype = ir.Shape(out_shape), node.outputs[0].dtype
+            model.graph.insert_after(node, [r_in, tr, r_out])
+            ir.convenience.replace_all_uses_with(node.outputs[0], r_out.outputs[0], replace_graph_outputs=True)
+            report.changed += 1
+        ir_common.RemoveUnusedNodesPass()(model)
+
+
+def patch_size(node: ir.Node) -> int | None:
+    """p of an unpadded, ungrouped p x p stride-p Conv (p ≥ 2) with constant or Q/DQ'd weights (a
+    patch embedding), else None."""
+    if node.op_type != "Conv":
+        return None
+    w_dq = producer(node.inputs[1], "DequantizeLinear")
+    w = const_array(w_dq.inputs[0]) if w_dq is not None else const_array(node.inputs[1])
+    a = {k: v.as_ints() for k, v in node.attributes.items() if k in ("strides", "pads", "dilations")}
+    group = node.attributes["group"].as_int() if node.attributes.get("group") is not None else 1
+    if w is None or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[2] < 2 or group != 1:
+        return None
+    p = int(w.shape[2])
+    if list(a.get("strides", [1, 1])) != [p, p] or any(a.get("pads", [0])) or any(d != 1 for d in a.get("dilations", [1])):
+        return None
+    return p
+
+
+def patch_convs(model: ir.Model) -> list[ir.Node]:
+    """Q/DQ'd patch-embedding Convs (activation and weight through DequantizeLinear)."""
+    return [n for n in model.graph if patch_size(n) and producer(n.inputs[0], "DequantizeLinear") is not None
+            and producer(n.inputs[1], "DequantizeLinear") is not None]
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """A node rknn-toolkit2 2.5.0 crashes on or hangs on: the rule, what happens, what to do."""
+
+    rule: str
+    node: ir.Node
+    problem: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"node {self.node.name}: {self.problem} [{self.rule}]; {self.hint}"
+
+
+#: the rule ids :func:`rknn_hazards` reports
+HAZARD_RULES = ("rknn.where_broadcast", "rknn.gemm_qdq", "rknn.softmax_qdq", "rknn.patch_conv")
+
+
+def _where_hazard(node: ir.Node) -> Hazard | None:
+    c, x = const_array(node.inputs[0]), static_shape(node.inputs[1])
+    cshape = c.shape if c is not None else static_shape(node.inputs[0])
+    if cshape is not None and x is not None and tuple(cshape) != tuple(np.broadcast_shapes(cshape, x)):
+        return Hazard("rknn.where_broadcast", node, f"Where condition {list(cshape)} broadcasts to {list(x)}: RKNN's "
+                      "masked-softmax fusion segfaults (RKNNSubgraphManager)", "write the mask full-shape")
+    return None
+
+
+def _node_hazard(node: ir.Node) -> Hazard | None:
+    """The rule ``node`` breaks, or None."""
+    if node.op_type == "Where":
+        return _where_hazard(node)
+    if node.op_type == "Gemm" and producer(node.inputs[0], "DequantizeLinear") is not None:
+        return Hazard("rknn.gemm_qdq", node, "Gemm on a 2-D Q/DQ input: RKNN's graph optimizer loops (fuse_two_reshape) "
+                      "and never finishes", "write the Linear as a 1x1 Conv")
+    if node.op_type == "Softmax" and producer(node.inputs[0], "DequantizeLinear") is not None:
+        return Hazard("rknn.softmax_qdq", node, "Softmax reads a DequantizeLinear: RKNN's softmax fusion segfaults "
+                      "(RKNNSubgraphManager)", "quantize the scores before their scale Mul, not right before Softmax")
+    p = patch_size(node)
+    if p and p > MAX_QDQ_PATCH and producer(node.inputs[0], "DequantizeLinear") is not None:
+        return Hazard("rknn.patch_conv", node, f"{p}x{p} stride-{p} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
+                      "(RKNNWeightTransposePass) or refuses it (KeyError '<input>_conv')",
+                      f"split it into convs of at most {MAX_QDQ_PATCH}x{MAX_QDQ_PATCH}")
+    return None
+
+
+def rknn_hazards(model: ir.Model) -> list[Hazard]:
+    """Patterns rknn-toolkit2 2.5.0 crashes on or hangs on, one per node (``str()`` of one names the
+    node, what happens and the rule). What merely runs on the CPU is not one: RKNN's op table says."""
+    infer_shapes(model)
+    return [h for h in (_node_hazard(n) for n in model.graph) if h]
+
+
+def activation_zp_dtype(model: ir.Model) -> np.dtype:
+    """The zero-point type of the file's activation QuantizeLinear nodes (uint8 unless int8 only)."""
+    kinds = {const_array(n.inputs[2]).dtype for n in model.graph
+             if n.op_type == "QuantizeLinear" and len(n.inputs) > 2 and const_array(n.inputs[2]) is not None}
+    return np.dtype(np.int8) if kinds == {np.dtype(np.int8)} else np.dtype(np.uint8)
+
+
+def output_ranges(model: ir.Model, feeds: Iterable[Mapping[str, np.ndarray]], names: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Min and max of ``names`` over ``feeds``, computed by ONNX Runtime on ``model`` (the Q/DQ model:
+    the ranges the INT8 network produces, which the output Q/DQ must hold)."""
+    if not names:
+        return {}
+    proto = ir.serde.serialize_model(model)
+    known = {o.name for o in proto.graph.output}
+    for n in names:
+        if n not in known:
+            proto.graph.output.add().name = n
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    lo = {n: np.inf for n in names}
+    hi = {n: -np.inf for n in names}
+    for feed in feeds:
+        for n, arr in zip(names, sess.run(list(names), dict(feed))):
+            lo[n], hi[n] = min(lo[n], float(arr.min())), max(hi[n], float(arr.max()))
+    return {n: (lo[n], hi[n]) for n in names}
