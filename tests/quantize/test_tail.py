@@ -2,6 +2,8 @@
 (:mod:`vitexport.quantize.tail`, :mod:`vitexport.quantize.judge`)."""
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from vitexport.calibration.feeds import FeedSet
 from vitexport.runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, Session
 from vitexport.parity.metrics import compare
 from vitexport.quantize import GateInfo, quantize_int8
-from vitexport.quantize.tail import predict, sample_errors
+from vitexport.quantize.tail import flip_rate, margin_shift, predict, sample_errors
 
 DIM, HIDDEN, OUT = 32, 64, 16
 
@@ -131,3 +133,42 @@ def test_a_loss_that_no_label_can_count_is_not_predicted():
     assert classifier.accuracy_drop(0.01) == 0.01 and classifier.accuracy_drop(0.9) == 0.8
     assert GateInfo.from_reference(out, None) == GateInfo(50) and GateInfo(50).accuracy_drop(0.01) == 0.01
     assert GateInfo.from_reference(out.reshape(50, 12, 16), labels).reference_accuracy is None  # not logits
+
+
+def _logits(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A 10-class population whose top-1 margins have a density at zero, and an INT8-like perturbation."""
+    rng = np.random.default_rng(seed)
+    ref = 3.0 * rng.standard_normal((n, 10))
+    ref[np.arange(n), rng.integers(0, 10, n)] += 6.0
+    return ref, ref + 0.03 * rng.standard_normal(ref.shape)
+
+
+def test_near_ties_absent_from_the_selection_samples_are_still_predicted():
+    """128 selection samples whose smallest margin is far beyond the INT8 noise flip nothing, and the
+    old count of their own near-ties (mean Φ(−m/σ)) predicted nothing; the gate's 256 samples hold
+    near-ties that do flip. The margin density near zero predicts them."""
+    ref, out = _logits(200_000, 0)
+    m, d = margin_shift(ref, out)
+    truth = float(np.mean(m + d < 0))  # the population's flip rate: 0.48 %, 1.2 of 256 gate samples
+    pick = np.flatnonzero(m > 0.15)[:128]  # the selection: no margin within 5 σ of zero
+    sel_ref, sel_out = ref[pick], out[pick]
+    sm, sd = margin_shift(sel_ref, sel_out)
+    assert not np.any(sm + sd < 0) and np.mean([NormalDist().cdf(-x / np.sqrt(np.mean(sd**2))) for x in sm]) < 1e-6
+    p = predict((sel_ref, sel_out), None, 256)
+    assert truth / 3 <= p.flip_rate <= 3 * truth and p.flip_rate_upper >= p.flip_rate
+    gate = GateInfo(256, True, 0.9)
+    assert gate.allowed_lost(0.003) == 0 and gate.lost_quantile(p.flip_rate_upper) >= 1, "the check must warn"
+    assert GateInfo(256, True, 0.0).lost_quantile(p.flip_rate_upper) == 0  # no label to lose
+
+
+def test_the_flip_forecast_matches_the_gates_count_and_shrinks_with_the_noise():
+    ref, out = _logits(200_000, 1)
+    m, d = margin_shift(ref, out)
+    truth = float(np.mean(m + d < 0))
+    rng = np.random.default_rng(2)
+    rates = [flip_rate(*margin_shift(ref[i], out[i])) for i in (rng.choice(len(ref), 128, replace=False) for _ in range(20))]
+    assert truth / 1.5 <= float(np.median(rates)) <= 1.5 * truth  # unbiased enough over selections of 128
+    half = ref + 0.5 * (out - ref)
+    assert flip_rate(m, margin_shift(ref, half)[1]) < 0.6 * flip_rate(m, d)  # less noise, fewer flips (one exact tie no floor)
+    tie = np.concatenate([[0.0], m[:127]])
+    assert flip_rate(tie, np.full(128, 1e-4)) < 1e-3  # an exact tie alone does not predict a rate float cannot cut

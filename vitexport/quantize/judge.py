@@ -43,6 +43,15 @@ class Verdict:
     def __bool__(self) -> bool:
         return all(self.checks.values())
 
+    @property
+    def flips(self) -> float | None:
+        """The predicted flip rate's upper figure (None: not logits)."""
+        return self.prediction.flip_rate_upper
+
+    def failing(self) -> set[str]:
+        """The names of the checks that miss."""
+        return {k for k, v in self.checks.items() if not v}
+
     def rank(self) -> tuple[float, ...]:
         """Larger is better: checks met, predicted worst cosine, selection top-1."""
         m = self.selection.metrics
@@ -52,14 +61,6 @@ class Verdict:
         return {"passed": bool(self), "checks": dict(self.checks), "prediction": self.prediction.to_dict(),
                 "selection": {"passed": bool(self.selection), "metrics": self.selection.metrics.to_dict(),
                               "checks": [c.to_dict() for c in self.selection.checks]}}
-
-
-def _margins(ref: np.ndarray) -> np.ndarray | None:
-    """The top-1/top-2 margin of each row of 2-D logits (None for other outputs)."""
-    if ref.ndim != 2 or ref.shape[1] < 2:
-        return None
-    top2 = np.partition(ref, -2, axis=1)[:, -2:]
-    return top2[:, 1] - top2[:, 0]
 
 
 class Judge:
@@ -77,8 +78,6 @@ class Judge:
         self.select, self.screen, self.tol, self.gate, self.config = select, screen, tolerance, gate, config
         self.ref_sel = run_outputs(model, select, LOW_MEMORY)
         self.ref_scr = run_outputs(model, screen, LOW_MEMORY) if screen is not None and len(screen) else None
-        flat = [r.reshape(len(r), -1) if r.ndim > 2 else r for r in (self.ref_sel, self.ref_scr) if r is not None]
-        self.margins = _margins(np.concatenate(flat)) if all(f.ndim == 2 for f in flat) else None
         self.evaluations = 0
 
     @property
@@ -99,10 +98,12 @@ class Judge:
         ref = self.ref_sel.reshape(out_sel.shape) if self.ref_sel.size == out_sel.size else self.ref_sel
         sel = compare(ref, out_sel, self.tol, labels=self.select.labels)
         pred = predict((ref, out_sel), None if out_scr is None else (self.ref_scr.reshape(out_scr.shape), out_scr),
-                       self.gate.samples, self.margins)
+                       self.gate.samples)
         checks = {"selection": bool(sel)}
         if self.tol.cosine_min is not None:
             checks["predicted cosine_min"] = pred.cosine_min >= self.tol.cosine_min
-        if self.gate.labelled and self.tol.accuracy_drop is not None and pred.flip_rate is not None:
-            checks["predicted accuracy_drop"] = self.gate.accuracy_drop(pred.flip_rate) <= self.tol.accuracy_drop
+        if self.gate.labelled and self.tol.accuracy_drop is not None and pred.flip_rate_upper is not None:
+            # the gate counts lost samples: the count it exceeds with probability FLIP_MISS must be allowed
+            allowed = self.gate.allowed_lost(self.tol.accuracy_drop)
+            checks["predicted accuracy_drop"] = self.gate.lost_quantile(pred.flip_rate_upper) <= allowed
         return Verdict(sel, pred, checks)

@@ -12,10 +12,19 @@ over hundreds (measured: 0.996 on 32 selection samples, 0.958 on the gate's 397)
   case is its quantile at which the minimum over the gate's ``N`` samples falls below it with
   probability 5 %: ``F⁻¹(0.95^(1/N))``, scaled by a margin learned on the bench (``TAIL_MARGIN``);
   never above the worst pooled sample;
-* **top-1**: a flip is a noise draw crossing the reference's top-1/top-2 margin; the expected flip
-  rate over new samples is ``mean Φ(−m/(√2 σ))`` over the pooled samples (``m`` the margin, ``σ`` the
-  sample's RMS output error), an upper bound of the accuracy drop, which is also never more than the
-  untouched model's accuracy on the gate's labels (:meth:`GateInfo.accuracy_drop`).
+* **top-1**: a sample flips when the INT8 perturbation ``δ`` of its top-1 margin (top-1 minus the
+  best other logit) exceeds the margin. The gate's flips come from its near-ties, which a few dozen
+  selection samples rarely contain (measured: none among the doc encoder's 96, one of 256 at the gate),
+  so the margin's *density near zero* is modelled rather than its observed near-ties counted: the
+  ``k = ⌈√N⌉`` smallest pooled margins are spread uniformly over ``[0, m₍ₖ₎]`` (a smoothed lower tail of
+  the empirical CDF; an upper estimate of the density at zero where it rises with the margin), the rest
+  stay where they are, and ``δ`` is normal with the pooled samples' RMS margin perturbation. The flip
+  rate is ``E_m[Φ(−m/σ_δ)]`` (closed form over the uniform tail), its upper figure with ``k`` and
+  ``σ_δ`` at 90 % upper confidence bounds; the expected flips on the gate's ``N`` samples are ``N`` times
+  it, and the gate's count is Poisson around that (:meth:`GateInfo.lost_quantile`). More float layers
+  shrink ``σ_δ`` and so the prediction (one exact tie no longer predicts a flip rate no float can reduce).
+  Accuracy never drops by more than the untouched model's accuracy on the gate's labels
+  (:meth:`GateInfo.accuracy_drop`).
 """
 from __future__ import annotations
 
@@ -25,7 +34,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["GateInfo", "Prediction", "TAIL_MARGIN", "predict", "sample_errors", "held_out_ratio"]
+__all__ = ["GateInfo", "Prediction", "TAIL_MARGIN", "FLIP_MISS", "predict", "sample_errors", "held_out_ratio", "margin_shift",
+           "flip_rate"]
 
 #: multiplies the predicted worst-case error ``1 − cos``; learned on the bench's tuning half (even seeds):
 #: the smallest factor that put every tuning prediction at or below the gate's measurement was 1.31 (gen08:
@@ -34,6 +44,9 @@ __all__ = ["GateInfo", "Prediction", "TAIL_MARGIN", "predict", "sample_errors", 
 TAIL_MARGIN = 1.5
 #: the probability that the gate's worst sample is worse than the prediction (the tail model's)
 _MISS = 0.05
+#: the probability that the gate loses more samples than the predicted quantile allows: at 0.25 the
+#: gate's 256 samples with none to lose (accuracy_drop 0.003) admit an upper expected loss of 0.29
+FLIP_MISS = 0.25
 _N01 = NormalDist()
 
 
@@ -67,6 +80,21 @@ class GateInfo:
         reference's accuracy (a sample the untouched model gets wrong cannot be lost)."""
         return flip_rate if self.reference_accuracy is None else min(flip_rate, self.reference_accuracy)
 
+    def allowed_lost(self, accuracy_drop: float) -> int:
+        """How many samples the gate may lose under ``accuracy_drop`` (it counts samples: 1 of 256 is 0.39 pt)."""
+        return int(math.floor(accuracy_drop * self.samples + 1e-9))
+
+    def lost_quantile(self, flip_rate: float, miss: float = FLIP_MISS) -> int:
+        """The number of lost samples the gate exceeds with probability at most ``miss``: the
+        ``1 − miss`` quantile of a Poisson count around ``samples × accuracy_drop(flip_rate)``."""
+        lam, k = self.samples * self.accuracy_drop(flip_rate), 0
+        term = cdf = math.exp(-lam)
+        while cdf < 1.0 - miss and k < self.samples:
+            k += 1
+            term *= lam / k
+            cdf += term
+        return k
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -76,6 +104,8 @@ class Prediction:
         cosine_min: the worst per-sample cosine expected over ``gate_samples`` (a 95 % lower bound).
         cosine_mean: the mean cosine of the pooled samples.
         flip_rate: expected share of samples whose top-1 changes (None: not logits).
+        flip_rate_upper: the same with the margin density and its perturbation at upper bounds.
+        expected_flips: ``flip_rate × gate_samples``.
         observed_min: the worst cosine among the pooled samples (after the held-out scaling).
         pooled: how many samples the prediction rests on (held-out + calibration).
         gate_samples: the ``N`` predicted for.
@@ -89,9 +119,14 @@ class Prediction:
     pooled: int
     gate_samples: int
     held_out_ratio: float = 1.0
+    flip_rate_upper: float | None = None
+
+    @property
+    def expected_flips(self) -> float | None:
+        return None if self.flip_rate is None else self.flip_rate * self.gate_samples
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "expected_flips": self.expected_flips}
 
 
 def sample_errors(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,28 +167,80 @@ def _tail_error(err: np.ndarray, n_gate: int) -> float:
     return math.exp(mu_up + z * s_up)
 
 
+def margin_shift(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's top-1 margin (top-1 minus the best other logit) of each row of 2-D logits, and
+    how much the other output moves it: ``(m, δ)``, a flip where ``m + δ < 0``."""
+    r, o = ref.astype(np.float64), out.astype(np.float64)
+    top = r.argmax(1)
+    rows = np.arange(len(r))
+    others_r, others_o = r.copy(), o.copy()
+    others_r[rows, top] = -np.inf
+    others_o[rows, top] = -np.inf
+    m = r[rows, top] - others_r.max(1)
+    return m, (o[rows, top] - others_o.max(1)) - m
+
+
+def _psi(x: float) -> float:
+    """``∫₋∞ˣ Φ(u) du``."""
+    return x * _N01.cdf(x) + _N01.pdf(x)
+
+
+def flip_rate(margins: np.ndarray, shifts: np.ndarray, upper: bool = False) -> float:
+    """The expected share of new samples whose top-1 flips (see the module docstring).
+
+    Args:
+        margins: the reference's top-1 margins of the pooled samples (≥ 0).
+        shifts: the INT8 perturbations of those margins.
+        upper: the density near zero and the perturbation's spread at 90 % upper confidence bounds.
+    Returns:
+        ``E_m[Φ(−m/σ)]``, the ``k`` smallest margins spread uniformly over ``[0, m₍ₖ₎]``.
+    """
+    m = np.sort(np.maximum(np.asarray(margins, np.float64), 0.0))
+    n = len(m)
+    if n == 0:
+        return 0.0
+    sigma = float(np.sqrt(np.mean(np.square(shifts)))) if len(shifts) else 0.0
+    k = min(n, max(3, math.ceil(math.sqrt(n))))
+    mass = float(k)
+    if upper:
+        sigma *= math.sqrt(n / max(_chi2_lower(n, 0.1), 1e-9)) if n >= 3 else 2.0
+        mass = k + _N01.inv_cdf(0.9) * math.sqrt(k) + 1.0  # a Poisson count's 90 % upper bound, roughly
+    if sigma <= 0.0:
+        return 0.0
+    pos = m[m > 0]
+    t = float(max(m[k - 1], pos[0] if len(pos) else 0.0, 1e-12))
+    # mass/n spread uniformly over [0, t]: (1/t)∫₀ᵗ Φ(−x/σ) dx = σ/t·(ψ(0) − ψ(−t/σ))
+    tail = sigma / t * (_psi(0.0) - _psi(-t / sigma))
+    body = sum(_N01.cdf(-float(x) / sigma) for x in m[k:])
+    return float(min(1.0, (mass * tail + body) / n))
+
+
 def predict(held: tuple[np.ndarray, np.ndarray], calibrated: tuple[np.ndarray, np.ndarray] | None,
-            gate_samples: int, margins: np.ndarray | None = None, margin: float = TAIL_MARGIN) -> Prediction:
+            gate_samples: int, margins: bool = True, margin: float = TAIL_MARGIN) -> Prediction:
     """Predict the gate's worst cosine and top-1 flip rate.
 
     Args:
         held: (reference, INT8) outputs on the held-out selection samples.
         calibrated: the same on calibration samples (or None).
         gate_samples: how many samples the gate scores.
-        margins: the reference's top-1/top-2 margin of every pooled sample (held-out first), for 2-D logits.
+        margins: predict top-1 flips from the margins of 2-D logits (False: not logits, e.g. an embedding
+            the caller knows has no classes).
         margin: the learned factor on the predicted error.
     Returns:
         A :class:`Prediction`.
     """
-    e_h, s_h = sample_errors(*held)
-    e_c, s_c = sample_errors(*calibrated) if calibrated is not None else (np.zeros(0), np.zeros(0))
+    ref_h, out_h = held
+    e_h, _ = sample_errors(*held)
+    e_c, _ = sample_errors(*calibrated) if calibrated is not None else (np.zeros(0), np.zeros(0))
     ratio = held_out_ratio(e_h, e_c)
-    # 1 − cos grows with the squared error: the RMS error scales with the ratio's square root
-    err, sig = np.concatenate([e_h, e_c * ratio]), np.concatenate([s_h, s_c * np.sqrt(ratio)])
+    err = np.concatenate([e_h, e_c * ratio])
     worst = min(2.0, max(float(err.max()), margin * _tail_error(err, gate_samples)))
-    flip = None
-    if margins is not None and len(margins) == len(err):
-        tau = np.sqrt(2.0) * np.maximum(sig, 1e-30)
-        flip = float(np.mean([_N01.cdf(-float(m) / float(t)) for m, t in zip(margins, tau)]))
+    flip = flip_up = None
+    if ref_h.ndim == 2 and ref_h.shape[1] >= 2 and margins is not False:
+        m_h, d_h = margin_shift(ref_h, out_h)
+        m_c, d_c = margin_shift(*calibrated) if calibrated is not None else (np.zeros(0), np.zeros(0))
+        # 1 − cos grows with the squared error: calibrated samples' margin shifts scale with the ratio's root
+        m, d = np.concatenate([m_h, m_c]), np.concatenate([d_h, d_c * np.sqrt(ratio)])
+        flip, flip_up = flip_rate(m, d), flip_rate(m, d, upper=True)
     return Prediction(1.0 - worst, float(1.0 - err.mean()), flip, float(1.0 - err.max()), int(len(err)), int(gate_samples),
-                      ratio)
+                      ratio, flip_up)

@@ -95,7 +95,8 @@ def _predicted(q) -> list[str]:
     line = (f"predicted from {q.selection}: the gate's worst cosine over {p['gate_samples']} sample(s) "
             f"≥ {p['cosine_min']:.6f} (the selection samples' own minimum {m['cosine_min']:.6f}"
             + (f", top-1 (gated) {top1:.4f}" if top1 is not None else "")
-            + (f"; expected top-1 flips {p['flip_rate']:.2%}" if p.get("flip_rate") is not None else "")
+            + (f"; expected top-1 flips {p['flip_rate'] * p['gate_samples']:.2f} of {p['gate_samples']} "
+               f"(upper {(p.get('flip_rate_upper') or 0.0) * p['gate_samples']:.2f})" if p.get("flip_rate") is not None else "")
             + f"); {'passes' if q.parity['passed'] else 'misses'} the budget; the gate below measures the written file "
             "on the parity data")
     if q.float_fallback:
