@@ -90,8 +90,12 @@ $(PEERS_VENV)/.installed: bench/peers-requirements.txt bench/peers-constraints.t
 
 bench-peers: $(PEERS_VENV)/.installed  ## the peers' venv for make bench (NNCF, ModelOpt)
 
-bench: bench-peers  ## issues 11 and 19: vitexport beside NNCF / ModelOpt / quantize_static on held-out data, trained models and a seeded distribution of hard cases (odd seeds held out) -> bench/results.md
+# make bench ends with the NPU table (bench.npu reuses the trained cases bench.run cached in bench/work);
+# without .venv-rknn (setup-rknn failed) its RKNN cells say why and the OpenVINO rows still run
+bench: bench-peers  ## issues 11, 19 and 20: vitexport beside NNCF / ModelOpt / quantize_static on held-out data, trained models and a seeded distribution of hard cases (odd seeds held out) -> bench/results.md; then the NPU table -> bench/results-npu.md
 	$(BIN)/python -m bench.run
+	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made: the NPU table's RKNN cells will say so"
+	$(BIN)/python -m bench.npu
 
 bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (peers measured when their venv exists)
 	$(BIN)/python -m bench.run --quick
