@@ -103,7 +103,7 @@ bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (pee
 bench-legacy:  ## the earlier bench: vitexport vs torch.onnx.export + quantize_static, memory grid -> bench/results-legacy.md
 	$(BIN)/python -m bench.run --plan legacy
 
-bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~5 min on 2 cores)
+bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~9 min on 2 cores; the trained cases are trained first if bench/work lacks them, ~25 min)
 	$(BIN)/python -m bench.npu
 
 clean:
