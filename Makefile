@@ -90,8 +90,12 @@ $(PEERS_VENV)/.installed: bench/peers-requirements.txt bench/peers-constraints.t
 
 bench-peers: $(PEERS_VENV)/.installed  ## the peers' venv for make bench (NNCF, ModelOpt)
 
-bench: bench-peers  ## issues 11 and 19: vitexport beside NNCF / ModelOpt / quantize_static on held-out data, trained models and a seeded distribution of hard cases (odd seeds held out) -> bench/results.md
+# make bench ends with the NPU table (bench.npu reuses the trained cases bench.run cached in bench/work);
+# without .venv-rknn (setup-rknn failed) its RKNN cells say why and the OpenVINO rows still run
+bench: bench-peers  ## issues 11, 19 and 20: vitexport beside NNCF / ModelOpt / quantize_static on held-out data, trained models and a seeded distribution of hard cases (odd seeds held out) -> bench/results.md; then the NPU table -> bench/results-npu.md
 	$(BIN)/python -m bench.run
+	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made: the NPU table's RKNN cells will say so"
+	$(BIN)/python -m bench.npu
 
 bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (peers measured when their venv exists)
 	$(BIN)/python -m bench.run --quick
@@ -99,7 +103,7 @@ bench-quick:  ## the demo and the text encoder at 32 samples, a few minutes (pee
 bench-legacy:  ## the earlier bench: vitexport vs torch.onnx.export + quantize_static, memory grid -> bench/results-legacy.md
 	$(BIN)/python -m bench.run --plan legacy
 
-bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~5 min on 2 cores)
+bench-npu: setup-rknn  ## issue 20: RKNN's own quantizer vs vitexport's routes on RKNN's simulator, OpenVINO INT8 vs FP32 -> bench/results-npu.md (~9 min on 2 cores; the trained cases are trained first if bench/work lacks them, ~25 min)
 	$(BIN)/python -m bench.npu
 
 clean:

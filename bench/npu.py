@@ -1,8 +1,14 @@
 """NPU bench (issue 20): RKNN's own quantizer vs vitexport's routes on RKNN's x86 simulator, and
 OpenVINO INT8 vs FP32 on its CPU plugin -> bench/results-npu.md.
 
-    python -m bench.npu [--models demo,vit_tiny,swin] [--samples 32] [--ov-models vit_tiny,vit_small]
+    python -m bench.npu [--models demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin] [--samples 32]
+                        [--trained-samples 256] [--ov-models vit_tiny,vit_small,demo,digits_vit,text_encoder]
 
+Models: random-weight timm ViT-Tiny and a shrunk Swin-T, and the trained ones as issue 19's bench
+cases (:data:`CASE_MODELS`, :mod:`bench.cases`: trained once by ``scripts/train_*.py`` and cached in
+``bench/work/<case>``, where ``make bench``'s :mod:`bench.run` keeps them; the demo's committed
+held-out split cut in two), which export with their ``parity`` split as the gate and are scored on
+their ``score`` split, which neither calibration nor the gate nor the fallback selection saw.
 Per model: vitexport exports with the ``rk3588`` recipe up to its INT8 file (:data:`RKNN_SETS`: the
 bench compiles every route itself); then the float graph, its Q/DQ file and its calibration table go to
 rknn-toolkit2 (``make setup-rknn``) by the three routes of :mod:`vitexport.toolchains.rknn_routes`,
@@ -19,68 +25,114 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cases import CASES, prepare_case
 from bench.models import MODELS, prepare_model
 from bench.npu_models import SWIN_TITLE, prepare_swin
 from vitexport.api import export
 from vitexport.runners import OnnxRuntimeRunner, OpenVinoRunner
 from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
+from vitexport.graph.split import split_integer_prefix
 from vitexport.targets.rk3588 import Rk3588Target
 from vitexport.toolchains.rknn import RknnRequest, run_rknn
 from vitexport.toolchains.rknn_routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
 
-__all__ = ["main", "RKNN_SETS", "OV_SETS", "bench_model", "bench_openvino"]
+__all__ = ["main", "RKNN_SETS", "OV_SETS", "CASE_MODELS", "bench_model", "bench_openvino"]
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "npu"
+#: where :mod:`bench.run` keeps its cases (trained once, minutes each): the NPU bench reuses them
+CASES_WORK = REPO / "bench" / "work"
 #: the rk3588 recipe as it ships, without its own compile (the bench runs every route itself)
 RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
 #: the openvino recipe as it ships; the bench runs both files on the CPU plugin itself
 OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
+#: the trained models, as issue 19's bench cases (bench/cases.py): the demo, a digits ViT, a text encoder
+#: with a padding mask and mean pooling (scored through its trained topic head), a shifted-window Swin
+CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin")
 
 
-def _feeds(npz: str, name: str, n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
-    x = np.load(npz)["x"]
-    return [{name: x[i : i + 1].astype(np.float32)} for i in range(start, min(start + n, len(x)))]
+def _feeds(npz: str, names: list[str], n: int) -> list[dict[str, np.ndarray]]:
+    """The first ``n`` rows of ``npz``, one feed per row (float inputs as float32, token ids as they are)."""
+    with np.load(npz) as z:
+        cols = {k: z[k] if z[k].dtype.kind in "iu" else z[k].astype(np.float32) for k in names}
+    return [{k: v[i : i + 1] for k, v in cols.items()} for i in range(min(n, len(cols[names[0]])))]
 
 
-def _parity(out: np.ndarray, ref: np.ndarray) -> dict:
+def _prepare(key: str, samples: int, trained_samples: int) -> dict:
+    """One model's files in one shape: ``uri``, ``weights``, ``calib``, ``parity`` (the export's gate),
+    ``heldout`` (scored here), ``inputs``, ``n`` (held-out rows scored) and ``ref``: the torch model's
+    outputs on them, ``y`` labels and ``head`` (an embedding's trained topic head) where the model has them."""
+    work = WORK / key
+    if key in CASE_MODELS:
+        c = prepare_case(CASES[key], CASES_WORK / key, max_calib=256)
+        info = {**c, "heldout": c["score"], "n": min(trained_samples, c["n_score"])}
+        ref_key = "out"
+    else:
+        info = prepare_swin(work) if key == "swin" else prepare_model(MODELS[key], work, max_calib=64)
+        info = {**info, "parity": info["heldout"], "inputs": ["x"], "n": samples}
+        ref_key = "logits"
+    with np.load(info["reference"]) as z:
+        info["ref"] = z[ref_key][: info["n"]]
+        info["y"] = z["y"][: info["n"]] if "y" in z.files else None
+        info["head"] = (z["head_w"], z["head_b"]) if "head_w" in z.files else None
+    return info
+
+
+def _parity(out: np.ndarray, info: dict) -> dict:
+    """Cosine vs the torch outputs; top-1 agreement and accuracy on the logits (an embedding's: its head's)."""
+    ref = info["ref"]
     a, b = out.reshape(len(ref), -1).astype(np.float64), ref.reshape(len(ref), -1).astype(np.float64)
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    return {"cos_min": float(cos.min()), "cos_mean": float(cos.mean()), "top1": float((a.argmax(1) == b.argmax(1)).mean())}
+    if info["head"] is not None:
+        w, bias = info["head"]
+        a, b = a @ w.T + bias, b @ w.T + bias
+    res = {"cos_min": float(cos.min()), "cos_mean": float(cos.mean()), "top1": float((a.argmax(1) == b.argmax(1)).mean())}
+    if info["y"] is not None:
+        res["accuracy"], res["fp32_accuracy"] = float((a.argmax(1) == info["y"]).mean()), float((b.argmax(1) == info["y"]).mean())
+    return res
 
 
-def _rknn_row(onnx: Path, quant, feeds, ref, work: Path) -> dict:
+def _rknn_row(onnx: Path, route: str, calib, info: dict, work: Path, calibration_json: Path | None = None) -> dict:
+    """Compile ``onnx`` by ``route`` and score RKNN's simulator on the held-out feeds. Token-id inputs: the
+    integer prefix is cut off and run on the host first, as ``--target rk3588`` does (``host.onnx``)."""
+    work.mkdir(parents=True, exist_ok=True)
+    host = split_integer_prefix(onnx, work / "npu.onnx", work / "host.onnx")
+    to_npu = host.feed if host else dict
+    held = _feeds(info["heldout"], info["inputs"], info["n"])
+    quant = route_quantization(route, [to_npu(f) for f in calib], calibration_json)
     try:
-        res = run_rknn(RknnRequest(onnx=onnx, platform=Rk3588Target.platform, config=Rk3588Target.rknn_config,
-                                   quantization=quant, rknn=work / "model.rknn", inputs=feeds), work)
+        res = run_rknn(RknnRequest(onnx=work / "npu.onnx" if host else onnx, platform=Rk3588Target.platform,
+                                   config=Rk3588Target.rknn_config, quantization=quant, rknn=work / "model.rknn",
+                                   inputs=[to_npu(f) for f in held]), work)
     except BadInput as exc:
         return {"error": str(exc)}
-    return {**_parity(res.outputs[0], ref), **res.summary.to_dict(), "compile_s": res.compile_s,
+    return {**_parity(res.outputs[0], info), **res.summary.to_dict(), "compile_s": res.compile_s,
             "sim_ms": 1e3 * (res.seconds_per_sample or 0.0), "hybrid": {k: len(v) for k, v in (res.reply.get("hybrid") or {}).items() if isinstance(v, list)}}
 
 
-def bench_model(key: str, samples: int) -> dict:
+def _title(key: str) -> str:
+    return SWIN_TITLE if key == "swin" else CASES[key].title if key in CASE_MODELS else MODELS[key].title
+
+
+def bench_model(key: str, samples: int, trained_samples: int) -> dict:
     """Every RKNN route (and FP16, and ONNX Runtime's run of the Q/DQ file) on one model."""
     work = WORK / key
-    info = prepare_swin(work) if key == "swin" else prepare_model(MODELS[key], work, max_calib=64)
+    info = _prepare(key, samples, trained_samples)
     out = work / "export"
-    export(info["uri"], "rk3588", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"],
+    export(info["uri"], "rk3588", weights=info["weights"], calib=info["calib"], parity_data=info["parity"],
            out=out, overrides=RKNN_SETS, resume=True)
-    name = "x"
-    calib = _feeds(info["calib"], name, 32)
-    held = _feeds(info["heldout"], name, samples)
-    ref = np.load(info["reference"])["logits"][: len(held)]
-    rows: dict = {"notes": info["notes"]}
+    calib = _feeds(info["calib"], info["inputs"], 32)
+    rows: dict = {"notes": info["notes"], "n": info["n"]}
     float_for_rknn(out / "model.fp32.onnx", work / "float.onnx")
     rows["layout"] = qdq_for_rknn(out / "model.int8.onnx", work / "qdq.onnx", calib)
-    rows["fp16"] = _rknn_row(work / "float.onnx", route_quantization("qdq", calib), held, ref, work / "r-fp16")
+    rows["fp16"] = _rknn_row(work / "float.onnx", "qdq", calib, info, work / "r-fp16")
     for route in ROUTES:
         src = work / ("qdq.onnx" if route == "qdq" else "float.onnx")
-        quant = route_quantization(route, calib, out / "calibration.json")
-        rows[route] = _rknn_row(src, quant, held, ref, work / f"r-{route}")
+        rows[route] = _rknn_row(src, route, calib, info, work / f"r-{route}", out / "calibration.json")
+    held = _feeds(info["heldout"], info["inputs"], info["n"])
     with OnnxRuntimeRunner(out / "model.int8.onnx", config=QDQ_AS_FLOAT) as run:
-        rows["ort_qdq"] = _parity(run.infer_batches(held)["output"], ref)
+        rows["ort_qdq"] = _parity(next(iter(run.infer_batches(held).values())), info)
     return rows
 
 
@@ -94,75 +146,81 @@ def _latency_ms(runner: OpenVinoRunner, feed: dict, runs: int = 20) -> float:
     return 1e3 * float(np.median(times))
 
 
-def bench_openvino(key: str, samples: int) -> dict:
+def bench_openvino(key: str, samples: int, trained_samples: int) -> dict:
     """OpenVINO CPU plugin, 2 threads: vitexport's FP32 and INT8 files (openvino recipe) vs torch."""
-    spec = MODELS[key]
-    work = WORK / f"ov-{key}"
-    info = prepare_model(spec, work, max_calib=64)
-    out = work / "export"
-    export(info["uri"], "openvino", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
+    info = _prepare(key, samples, trained_samples)
+    out = WORK / f"ov-{key}" / "export"
+    export(info["uri"], "openvino", weights=info["weights"], calib=info["calib"], parity_data=info["parity"], out=out,
            overrides=OV_SETS, resume=True)
-    held = _feeds(info["heldout"], "x", samples)
-    ref = np.load(info["reference"])["logits"][: len(held)]
-    row: dict = {}
+    held = _feeds(info["heldout"], info["inputs"], info["n"])
+    row: dict = {"n": info["n"]}
     for kind in ("fp32", "int8"):
         with OpenVinoRunner(out / f"model.{kind}.onnx", threads=2) as run:
-            row[kind] = {**_parity(run.infer_batches(held)["output"], ref), "latency_ms": _latency_ms(run, held[0]),
+            row[kind] = {**_parity(next(iter(run.infer_batches(held).values())), info), "latency_ms": _latency_ms(run, held[0]),
                          "int8_share": run.precisions().int8_share}
     row["speedup"] = row["fp32"]["latency_ms"] / row["int8"]["latency_ms"]
     return row
 
 
+def _acc(r: dict) -> str:
+    return f"{r['accuracy']:.3f} ({r['fp32_accuracy']:.3f})" if "accuracy" in r else ""
+
+
 def _fmt(r: dict) -> str:
     if "error" in r:
-        return f"| error: {r['error'][:160]} | | | | | |"
-    return (f"| {r['cos_min']:.4f} | {r['cos_mean']:.4f} | {r['top1']:.3f} | {r['int8_share']:.1%} | "
+        return f"| error: {r['error'][:160]} | | | | | | |"
+    return (f"| {r['cos_min']:.4f} | {r['cos_mean']:.4f} | {r['top1']:.3f} | {_acc(r)} | {r['int8_share']:.1%} | "
             f"{r['compile_s']:.1f} | {r['sim_ms']:.1f} |")
 
 
-def render(results: dict, ov: dict, samples: int) -> str:
+def render(results: dict, ov: dict, samples: int, trained_samples: int) -> str:
     lines = ["# NPU bench (issue 20)", "",
-             f"Regenerate: `python -m bench.npu` (needs `make setup-rknn`). Parity vs the torch model's logits on "
-             f"{samples} held-out inputs per model (never calibrated on); INT8 share = INT8 GEMM/Conv MACs / all "
+             f"Regenerate: `python -m bench.npu` (needs `make setup-rknn`; `make bench` runs it too). Parity vs the torch "
+             f"model's outputs on held-out inputs: {samples} per random-weight model (the export gates on the same ones); "
+             f"on the trained models (issue 19's bench cases) up to {trained_samples} of their `score` split, which "
+             "neither calibration nor the export's gate and fallback selection (their `parity` split) saw. Accuracy: "
+             "labels of the score split, FP32 torch in brackets; the text encoder's top-1 and accuracy go through its "
+             "trained topic head. INT8 share = INT8 GEMM/Conv MACs / all "
              "GEMM/Conv MACs from RKNN's own op table; compile = load_onnx + build + export_rknn; sim = RKNN x86 "
              "simulator per sample. rknn-toolkit2 2.5.0, target rk3588. vitexport: the `rk3588` recipe "
              f"(`{' '.join('--set ' + s for s in RKNN_SETS)}`); OpenVINO: the `openvino` recipe.", ""]
     for key, rows in results.items():
-        title = SWIN_TITLE if key == "swin" else MODELS[key].title
-        lines += [f"## {title}", "", "; ".join(rows.get("notes", [])), "",
+        lines += [f"## {_title(key)}", "", "; ".join(rows.get("notes", [])) + f"; scored on {rows['n']} held-out inputs", "",
                   f"Layout transform: {json.dumps(rows.get('layout', {}))}", "",
-                  "| route | cos min | cos mean | top-1 agree | INT8 share | compile s | sim ms/sample |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| route | cos min | cos mean | top-1 agree | accuracy (FP32) | INT8 share | compile s | sim ms/sample |",
+                  "|---|---|---|---|---|---|---|---|"]
         for route, title in (("fp16", "FP16 (no quantization)"), ("rknn", "(a) RKNN's own quantizer on vitexport's float graph"),
                              ("hybrid", "(b) vitexport's ranges injected (hybrid quantization)"),
                              ("qdq", "(c) vitexport's Q/DQ in RKNN's INT8 layout")):
             lines.append(f"| {title} " + _fmt(rows[route]))
         o = rows["ort_qdq"]
         lines += [f"| vitexport's Q/DQ file in ONNX Runtime (float Q/DQ) | {o['cos_min']:.4f} | {o['cos_mean']:.4f} | "
-                  f"{o['top1']:.3f} | | | |", ""]
+                  f"{o['top1']:.3f} | {_acc(o)} | | | |", ""]
     if ov:
         lines += ["## OpenVINO 2026.4 CPU plugin (2 threads, batch 1)", "",
-                  "| model | FP32 cos min | INT8 cos min | INT8 top-1 agree | INT8 share (runtime) | FP32 ms | INT8 ms | speedup |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| model | held-out | FP32 cos min | INT8 cos min | INT8 top-1 agree | INT8 accuracy (FP32) | INT8 share (runtime) "
+                  "| FP32 ms | INT8 ms | speedup |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for key, r in ov.items():
-            lines.append(f"| {MODELS[key].title} | {r['fp32']['cos_min']:.4f} | {r['int8']['cos_min']:.4f} | "
-                         f"{r['int8']['top1']:.3f} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
+            lines.append(f"| {_title(key)} | {r['n']} | {r['fp32']['cos_min']:.4f} | {r['int8']['cos_min']:.4f} | "
+                         f"{r['int8']['top1']:.3f} | {_acc(r['int8'])} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
                          f"{r['int8']['latency_ms']:.1f} | {r['speedup']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="demo,vit_tiny,swin")
-    ap.add_argument("--ov-models", default="vit_tiny,vit_small")
-    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin")
+    ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder")
+    ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
+    ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")
     ap.add_argument("--out", default=str(REPO / "bench" / "results-npu.md"))
     a = ap.parse_args(argv)
-    results = {k: bench_model(k, a.samples) for k in a.models.split(",") if k}
-    ov = {k: bench_openvino(k, a.samples) for k in a.ov_models.split(",") if k}
+    results = {k: bench_model(k, a.samples, a.trained_samples) for k in a.models.split(",") if k}
+    ov = {k: bench_openvino(k, a.samples, a.trained_samples) for k in a.ov_models.split(",") if k}
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps({"rknn": results, "openvino": ov}, indent=1, default=str))
-    Path(a.out).write_text(render(results, ov, a.samples))
+    Path(a.out).write_text(render(results, ov, a.samples, a.trained_samples))
     print(Path(a.out).read_text())
     return 0
 

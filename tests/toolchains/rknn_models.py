@@ -87,11 +87,11 @@ def qdq_patch_conv(seed: int = 0, chans: int = 3, size: int = 16, patch: int = 4
     return _model(nodes, inits, (1, dim, size // patch, size // patch), in_shape=(1, chans, size, size))
 
 
-def qdq_attention(seed: int = 0) -> onnx.ModelProto:
-    """q, k, v [1, H, T, D] → softmax((q·s) Kᵀ) · v as vitexport's quantizer writes timm's attention: the
-    1/√d scale on q before its Q/DQ, Kᵀ and v Q/DQ'd right before their MatMuls, the scores unquantized
-    straight into Softmax, the probabilities Q/DQ'd into attn·V, whose output is Q/DQ'd after the heads'
-    Transpose (the next Linear's input)."""
+def qdq_attention(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
+    """q, k, v [batch, H, T, D] → softmax((q·s) Kᵀ) · v as vitexport's quantizer writes timm's attention:
+    the 1/√d scale on q before its Q/DQ, Kᵀ and v Q/DQ'd right before their MatMuls, the scores
+    unquantized straight into Softmax, the probabilities Q/DQ'd into attn·V, whose output is Q/DQ'd after
+    the heads' Transpose (the next Linear's input). ``batch`` > 1: Swin's windows, one batch row each."""
     del seed  # the inputs carry the data
     nodes: list = []
     inits = [nh.from_array(np.array(DIM ** -0.5, np.float32), "scale")]
@@ -105,10 +105,10 @@ def qdq_attention(seed: int = 0) -> onnx.ModelProto:
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3], name="heads_back")]
     _qdq(nodes, inits, "ot", 4.0 / 127, "y")  # the next Linear's input Q/DQ
     nodes[-1].output[0] = "y"
-    shape = [1, HEADS, TOKENS, DIM]
+    shape = [batch, HEADS, TOKENS, DIM]
     extra = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("k", "v")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q", TensorProto.FLOAT, shape), *extra],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, HEADS, DIM])], inits)
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, TOKENS, HEADS, DIM])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     onnx.checker.check_model(m)

@@ -10,7 +10,7 @@ import pytest
 from rknn_models import DIM, HEADS, TOKENS, qdq_attention, qdq_linear, qdq_patch_conv
 from vitexport.toolchains.rknn_graph import output_ranges, patch_convs, rknn_hazards
 from vitexport.toolchains.rknn_qdq import (
-    ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, patch_split, score_matmuls,
+    BatchedProbsInFloat, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, patch_split, score_matmuls,
 )
 from vitexport.toolchains.rknn_routes import layout_hazards, qdq_layout
 
@@ -121,3 +121,25 @@ def test_the_whole_layout_of_an_attention_has_no_hazard():
     assert [n.name for n in score_matmuls(model)] == ["qk"]  # the model itself is untouched
     report = qdq_layout(model, _qkv(2))
     assert report["rknn_move_score_scales"] == 1 and report["rknn_output_qdq"] == 1
+
+
+@pytest.mark.parametrize("batch, tokens, changed", [(4, 16, 1), (2, 32, 1), (1, 16, 0), (4, 8, 0), (2, 24, 0)])
+def test_batched_probabilities_lose_their_qdq_where_rknn_converts_them_on_the_cpu(batch, tokens, changed, monkeypatch):
+    """Softmax outputs [batch > 1, H, T, T] with T a multiple of 16 (Swin's windows) come out of Q/DQ:
+    attn·V reads the Softmax itself; anything else keeps its INT8 probabilities."""
+    import rknn_models
+
+    monkeypatch.setattr(rknn_models, "TOKENS", tokens)
+    model = ir.serde.deserialize_model(rknn_models.qdq_attention(batch=batch))
+    shape = (batch, HEADS, tokens, DIM)
+    feed = {k: np.random.RandomState(j).randn(*shape).astype(np.float32) for j, k in enumerate("qkv")}
+    before = _run(model, feed)
+    assert BatchedProbsInFloat()(model).report.changed == changed
+    pv = next(n for n in model.graph if n.name == "pv")
+    assert pv.inputs[0].producer().op_type == ("Softmax" if changed else "DequantizeLinear")
+    after = _run(model, feed)
+    if changed:  # only the probabilities' rounding (half a 1/127 step each) left, and one step of y's Q/DQ
+        bound = 0.5 / 127 * tokens * np.abs(feed["v"]).max() + 4.0 / 127
+        assert np.abs(after - before).max() <= bound
+    else:
+        np.testing.assert_array_equal(after, before)

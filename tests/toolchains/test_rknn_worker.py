@@ -13,8 +13,8 @@ from rknn_models import DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq
 from vitexport.errors import BadInput
 from vitexport.graph.files import save_model
 from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
-from vitexport.toolchains.rknn_graph import FullShapeMasks, output_ranges
-from vitexport.toolchains.rknn_qdq import LinearsAsConv, PatchConvsInInt8, linear_sites
+from vitexport.toolchains.rknn_graph import FullShapeMasks, activation_zp_dtype, output_ranges
+from vitexport.toolchains.rknn_qdq import LinearsAsConv, OutputQdq, PatchConvsInInt8, linear_sites
 from vitexport.toolchains.rknn_routes import qdq_layout
 
 # each test starts rknn-toolkit2 (~5 s) and compiles (~2-5 s): about a minute in all, so `make test`,
@@ -129,3 +129,27 @@ def test_a_missing_toolchain_names_the_make_target(tmp_path, monkeypatch):
     monkeypatch.setenv(RKNN_VENV_ENV, str(tmp_path / "nowhere"))
     with pytest.raises(BadInput, match=r"make setup-rknn"):
         run_rknn(RknnRequest(onnx=tmp_path / "m.onnx", platform=PLATFORM), tmp_path / "work")
+
+
+@pytest.mark.slow
+def test_batched_probabilities_stay_on_the_npu_once_out_of_qdq(rknn, tmp_path, monkeypatch):
+    """Two windows of 16 tokens (Swin's layout): RKNN converts Q/DQ'd probabilities to int8 on the CPU;
+    in the layout (its BatchedProbsInFloat) attn·V reads them in float16 and every op runs on the NPU."""
+    import rknn_models
+
+    monkeypatch.setattr(rknn_models, "TOKENS", 16)
+    shape = (2, HEADS, 16, DIM)
+    feeds = [{k: np.random.RandomState(3 * i + j).randn(*shape).astype(np.float32) for j, k in enumerate("qkv")}
+             for i in range(3)]
+    model = ir.serde.deserialize_model(rknn_models.qdq_attention(batch=2))
+    assert qdq_layout(model, feeds)["rknn_batched_probs_in_float"] == 1
+    after, before = tmp_path / "layout.onnx", tmp_path / "int8_probs.onnx"
+    save_model(model, after)
+    OutputQdq({"p": (0.0, 1.0)}, activation_zp_dtype(model))(model)  # the same layout, the probabilities Q/DQ'd again
+    save_model(model, before)
+    plain = run_rknn(RknnRequest(onnx=before, platform=PLATFORM, config=CONFIG), tmp_path / "before")
+    assert len(plain.summary.on_cpu) == 1 and "exDataConvert" in plain.summary.on_cpu[0]  # RKNN's op table
+    res = run_rknn(RknnRequest(onnx=after, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "after")
+    assert res.summary.on_cpu == [] and res.summary.on_npu == res.summary.ops, res.summary.to_dict()
+    assert res.summary.float_gemms == ["exMatMul:pv#1"]  # attn·V in float16, Q·Kᵀ still INT8
+    assert _cos(res.outputs[0], _ort(after, feeds)) > 0.99

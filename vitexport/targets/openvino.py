@@ -14,7 +14,9 @@ target owns
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Sequence
+
+import onnx_ir as ir
 
 from ..graph.files import load_model
 from ..graph.query import quantized_linears
@@ -30,11 +32,16 @@ __all__ = ["OpenVinoTarget", "BuildIrStage", "OPENVINO", "IR_XML", "IR_BIN", "li
 IR_XML, IR_BIN = "model.xml", "model.bin"
 
 
-def linears_not_int8(precisions: RuntimePrecisions, linears: list[str]) -> list[str]:
-    """The quantized Linears (ONNX node names) no integer GEMM kernel of the runtime model runs (OpenVINO
-    names a layer after the nodes it fused; a Gemm's MatMul part is ``<node>/WithoutBiases``)."""
+def linears_not_int8(precisions: RuntimePrecisions, linears: Sequence[ir.Node]) -> list[str]:
+    """The quantized Linears (ONNX node names) no integer GEMM kernel of the runtime model runs.
+
+    OpenVINO names a runtime layer after the source nodes it fused (a Gemm's MatMul part is
+    ``<node>/WithoutBiases``), except a node that writes a graph output: its layer takes the output
+    tensor's name (ViT-Tiny's head ``/model/model/head/Gemm`` runs as ``FullyConnected u8`` named
+    ``output``), so a Linear counts as INT8 when a layer names the node or one of its outputs.
+    """
     int8 = {name.split("/WithoutBiases")[0] for layer in precisions.int8_layers for name in layer}
-    return [n for n in linears if n not in int8]
+    return [n.name for n in linears if not int8 & {n.name, *(v.name for v in n.outputs)}]
 
 
 class BuildIrStage:
@@ -51,7 +58,7 @@ class BuildIrStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         xml, bin_ = save_ir(ctx.files[INT8_ONNX], ctx.out_dir / IR_XML)
-        linears = [n.name for n in quantized_linears(load_model(ctx.files[INT8_ONNX]))]
+        linears = quantized_linears(load_model(ctx.files[INT8_ONNX]))
         with OpenVinoRunner(xml) as runner:
             prec = runner.precisions()
         missing = linears_not_int8(prec, linears)

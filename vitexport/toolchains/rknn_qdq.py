@@ -22,6 +22,12 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
   by it: the same int8 values), and the scores' Q/DQ then sits before it. HF BERT divides the scores
   itself and Swin adds a bias: there the Q/DQ goes on the MatMul output as it is.
 - :class:`ConvsInFloat`: Q/DQ taken off any other Conv left without an output Q/DQ.
+- :class:`BatchedProbsInFloat`: RKNN runs the float16 → int8 conversion of a Softmax output on the
+  CPU when its leading dimension is > 1 and its last a multiple of 16 (Swin's first stage, (4 windows,
+  2 heads, 16, 16): 2 of 177 ops off the NPU; measured on a bare attention: (2|4, 2, T, T) on the CPU
+  for T = 16, 32, on the NPU for T = 8, 12, 20, 24, and (1, ·, 16, 16) on the NPU, as is every ViT's
+  (1, heads, N, N); Reshapes to a leading 1 around the Q/DQ or the Softmax are folded away by RKNN and
+  change nothing). Those probabilities lose their Q/DQ: attn·V runs float16 there, every op on the NPU.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from ..graph.query import const_array, quantized_linears, static_shape
 from .rknn_graph import MAX_QDQ_PATCH, infer_shapes, new_initializer, patch_convs, patch_size, producer
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "MoveScoreScales",
-           "score_matmuls", "OutputQdq", "ConvsInFloat", "unquantized_outputs"]
+           "score_matmuls", "OutputQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
 _SCORE_PATH = ("Mul", "Div", "Add", "Where", "Reshape", "Transpose")
@@ -450,5 +456,34 @@ class ConvsInFloat(GraphPass):
                     shape[axis] = -1
                 w = (wq.astype(np.float32) - np.reshape(wz, shape).astype(np.float32)) * np.reshape(ws, shape)
                 node.replace_input_with(1, new_initializer(model, f"{node.name}_w_float", w.astype(np.float32)))
+            report.changed += 1
+        ir_common.RemoveUnusedNodesPass()(model)
+
+
+class BatchedProbsInFloat(GraphPass):
+    """The Q/DQ pair right after a Softmax whose output has a leading dimension > 1 and a last one that is
+    a multiple of 16 taken off, its readers reading the Softmax: RKNN 2.5.0 converts such probabilities
+    to int8 on the CPU (module docstring)."""
+
+    name = "rknn_batched_probs_in_float"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        infer_shapes(model)
+        for node in list(model.graph):
+            if node.op_type != "Softmax":
+                continue
+            probs = node.outputs[0]
+            shape = static_shape(probs)
+            uses = list(probs.uses())
+            if (shape is None or len(shape) < 2 or shape[0] <= 1 or shape[-1] % 16 or len(uses) != 1
+                    or uses[0][0].op_type != "QuantizeLinear"):
+                continue
+            q = uses[0][0]
+            dqs = [u for u, _ in q.outputs[0].uses()]
+            if not dqs or any(d.op_type != "DequantizeLinear" for d in dqs):
+                report.skipped[node.name] = "its quantized probabilities are read other than by a DequantizeLinear"
+                continue
+            for dq in dqs:
+                ir.convenience.replace_all_uses_with(dq.outputs[0], probs)
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)

@@ -23,7 +23,7 @@ from .rknn import RknnQuantization
 from .rknn_graph import (
     CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards,
 )
-from .rknn_qdq import ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, score_matmuls
+from .rknn_qdq import BatchedProbsInFloat, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, score_matmuls
 
 __all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "vitexport_ranges", "route_quantization"]
 
@@ -57,7 +57,7 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     """Rewrite a Q/DQ model into RKNN's INT8 layout, in place; the output ranges of the ops it adds
     Q/DQ to are measured on ``feeds`` (calibration samples) with the Q/DQ model itself (None: unit
     ranges, for checking the layout's structure only). Returns what each pass changed."""
-    report = {**_float_forms(model), **_apply(model, [MoveScoreScales()])}
+    report = {**_float_forms(model), **_apply(model, [MoveScoreScales(), BatchedProbsInFloat()])}
     # a Q/DQ right before Softmax crashes RKNN: scores still read by it directly stay float16
     scores = [m.outputs[0].name for m in score_matmuls(model) if next(iter(m.outputs[0].uses()))[0].op_type != "Softmax"]
     names = [s.output.name for s in linear_sites(model)] + [c.outputs[0].name for c in patch_convs(model)] + scores

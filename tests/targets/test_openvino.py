@@ -1,0 +1,69 @@
+"""The openvino target end to end: a timm ViT through the whole pipeline into OpenVINO IR, gated on the
+CPU plugin, with every quantized Linear (the classifier head too, whose runtime layer OpenVINO names
+after the graph output) found in an integer kernel of the runtime model."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from vitexport.calibration.data import NpzSamples
+from vitexport.graph.files import load_model
+from vitexport.graph.query import quantized_linears
+from vitexport.pipeline import run_pipeline
+from vitexport.runners import OpenVinoRunner
+from vitexport.runners.openvino_runner import RuntimePrecisions
+from vitexport.sources.base import LoadedModel, OutputAdapter
+from vitexport.targets import load_target
+from vitexport.targets.openvino import linears_not_int8
+
+IMG = 32
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A one-block ViT-Tiny-width model (32x32, 8x8 patches, 10 classes) exported for openvino."""
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=IMG, patch_size=8, num_classes=10)
+    module = OutputAdapter(vit.eval(), ["image"], keyword=False).eval()
+    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
+    model = LoadedModel(module, {"image": torch.from_numpy(images[:1])}, "vit", "timm", "timm:vit_tiny(depth=1)")
+    out = tmp_path_factory.mktemp("ov") / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arts = run_pipeline(model, load_target("openvino", ["quantization.measure_latency=false"]), out,
+                            calib=NpzSamples({"image": images[:32]}), parity_data=NpzSamples({"image": images[32:]}))
+    return arts, out
+
+
+def test_every_quantized_linear_runs_int8_the_head_included(exported):
+    arts, out = exported
+    assert arts.passed
+    assert (out / "model.xml").is_file() and (out / "model.bin").is_file()
+    runtime = json.loads((out / "manifest.json").read_text())["runtime"]["build_engine"]
+    linears = quantized_linears(load_model(out / "model.int8.onnx"))
+    head = [n for n in linears if any(v.is_graph_output() for v in n.outputs)]
+    assert len(head) == 1  # the classifier head writes the graph output: the case the layer naming hides
+    assert runtime["quantized_linears"] == len(linears) == 5  # qkv, proj, fc1, fc2, head
+    assert runtime["linears_not_int8"] == []
+    assert runtime["int8_share"] == 1.0
+
+
+def test_a_linear_without_an_integer_kernel_is_named(exported):
+    """The same runtime model with the head's layer dropped from the integer ones: the head is reported,
+    by its ONNX node name."""
+    _, out = exported
+    linears = quantized_linears(load_model(out / "model.int8.onnx"))
+    with OpenVinoRunner(out / "model.xml") as run:
+        prec = run.precisions()
+    head = next(n for n in linears if any(v.is_graph_output() for v in n.outputs))
+    out_names = {v.name for v in head.outputs}
+    without = RuntimePrecisions(macs=prec.macs, layers=prec.layers,
+                                int8_layers=[layer for layer in prec.int8_layers if not out_names & set(layer)])
+    assert len(without.int8_layers) == len(prec.int8_layers) - 1
+    assert linears_not_int8(without, linears) == [head.name]
+    assert linears_not_int8(prec, linears) == []
