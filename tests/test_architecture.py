@@ -6,6 +6,11 @@ An import inside a function still counts as an edge: a circle dodged by a lazy i
 Only ``if TYPE_CHECKING:`` imports are left out (they never run). Importing ``a.b`` runs ``a`` first,
 so it is an edge to the package ``a`` too, unless the importer lives inside ``a`` (then ``a`` is
 initialising already).
+
+A second, stricter view counts type-only imports too, between modules (a package's ``__init__``
+re-exports left out): two modules that name each other's classes, even only in annotations, know
+each other; the lower one takes a ``Protocol`` of what it reads (``stages.base.RunTarget``,
+``quantize.annotate.AnnotateTarget``, ``targets.tensorrt_engine.TensorRTTarget``).
 """
 from __future__ import annotations
 
@@ -29,10 +34,11 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import that can run: module level, in functions, in try / if blocks; not TYPE_CHECKING."""
-    hidden = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block)
-              for n in ast.walk(block)}
+def _imports(tree: ast.Module, type_only: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import that can run: module level, in functions, in try / if blocks; TYPE_CHECKING ones
+    only with ``type_only``."""
+    hidden = set() if type_only else {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                                      and _type_checking(block) for n in ast.walk(block)}
     return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden]
 
 
@@ -69,6 +75,16 @@ def import_graph(*packages: str) -> dict[str, set[str]]:
                     inside = (module + ".").startswith(name + ".")  # a parent package of the importer
                     if name in files and name != module and not (inside and i < len(parts)):
                         graph[module].add(name)
+    return graph
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module → the modules (not packages) it imports, type-only imports included."""
+    files = {_module_name(p): p for p in _sources(package) if p.name != "__init__.py"}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        for node in _imports(ast.parse(path.read_text()), type_only=True):
+            graph[module] |= {t for t in _imported(node, module, False, set(files)) if t in files and t != module}
     return graph
 
 
@@ -118,6 +134,10 @@ def test_the_checker_finds_a_circle_hidden_in_a_function():
 
 def test_no_import_circle_in_vitexport():
     assert circles(import_graph("vitexport")) == []
+
+
+def test_no_module_knows_a_module_that_knows_it_even_in_annotations():
+    assert circles(module_graph("vitexport")) == []
 
 
 def test_no_import_circle_in_bench():

@@ -17,7 +17,8 @@ from typing import Mapping
 import numpy as np
 import onnx
 import onnx.utils
-import onnxruntime as ort
+
+from ..runners.sessions import LOW_MEMORY, Session
 
 __all__ = ["IntegerPrefix", "split_integer_prefix"]
 
@@ -41,14 +42,12 @@ class IntegerPrefix:
     outputs: list[str]
     passed: list[str]
     ops: list[str] = field(default_factory=list)
-    _session: ort.InferenceSession | None = field(default=None, repr=False)
+    _session: Session | None = field(default=None, repr=False)
 
     def feed(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The NPU part's feed for one feed of the original model."""
         if self._session is None:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            self._session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+            self._session = Session(self.path, LOW_MEMORY)
         values = self._session.run(self.outputs, {k: feed[k] for k in self.inputs})
         return {**{k: feed[k] for k in self.passed}, **dict(zip(self.outputs, values))}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -20,10 +20,7 @@ from ..io import atomic_path
 from .layers import make_torch_probe
 from .nonfinite import locate_nonfinite
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .stage import ParityRun
-
-__all__ = ["GoldenReference", "capture_reference", "vacuous_reason", "mark_vacuous", "REFERENCE_FILE"]
+__all__ = ["GoldenReference", "capture_reference", "vacuous_reason", "REFERENCE_FILE"]
 
 REFERENCE_FILE = "reference.npz"
 _FORMAT = 1
@@ -224,18 +221,3 @@ def vacuous_reason(reference: GoldenReference) -> str | None:
         return None  # the samples are all the same: a constant output says nothing
     return (f"the untouched model gives the same output for all {out.shape[0]} different parity samples "
             "(are the weights loaded?)")
-
-
-def mark_vacuous(reference: GoldenReference, run: "ParityRun") -> str | None:
-    """Mark a run whose reference is constant: every stage would match it trivially. A loud note
-    goes into the report and ``parity.json`` gets ``"vacuous_gate": reason``.
-
-    Returns:
-        The reason, or None when the reference is informative.
-    """
-    reason = vacuous_reason(reference)
-    if reason is not None:
-        run.extra["vacuous_gate"] = reason
-        run.notes.insert(0, f"WARNING: the parity gate is vacuous: {reason}; every stage matches such a reference "
-                            "whatever it computes")
-    return reason

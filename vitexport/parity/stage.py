@@ -24,9 +24,9 @@ from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
 from .metrics import Check, Metrics, compare, error_histogram
 from .nonfinite import locate_nonfinite_source
-from .reference import GoldenReference
+from .reference import GoldenReference, vacuous_reason
 
-__all__ = ["StageResult", "ParityRun", "check_stage", "SCHEMA_VERSION", "DEFAULT_REFERENCE"]
+__all__ = ["StageResult", "ParityRun", "check_stage", "mark_vacuous", "SCHEMA_VERSION", "DEFAULT_REFERENCE"]
 
 SCHEMA_VERSION = 1
 DEFAULT_REFERENCE = "untouched torch model"
@@ -333,3 +333,18 @@ def _locate(result: StageResult, runner: BaseRunner, reference: GoldenReference,
     result.nonfinite_source = src.to_dict()
     result.first_divergence = src.node
     result.notes.append(f"first NaN/Inf produced by {src}")
+
+
+def mark_vacuous(reference: GoldenReference, run: ParityRun) -> str | None:
+    """Mark a run whose reference is constant: every stage would match it trivially. A loud note
+    goes into the report and ``parity.json`` gets ``"vacuous_gate": reason``.
+
+    Returns:
+        The reason, or None when the reference is informative.
+    """
+    reason = vacuous_reason(reference)
+    if reason is not None:
+        run.extra["vacuous_gate"] = reason
+        run.notes.insert(0, f"WARNING: the parity gate is vacuous: {reason}; every stage matches such a reference "
+                            "whatever it computes")
+    return reason

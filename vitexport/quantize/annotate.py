@@ -7,18 +7,34 @@ which attention shapes it quantizes (``Target.attention_ok``: orin's fused INT8 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
 from ..graph.query import attr, is_const, static_shape
-from .spec import ActSpec, NodeKind, NodeSpec, QuantPlan, WeightSpec
+from ..recipe import QuantizationSpec
+from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
-if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
-    from ..targets.base import Target
+__all__ = ["annotate", "attention_role", "AnnotateTarget", "LINEAR_OPS"]
 
-__all__ = ["annotate", "attention_role", "LINEAR_OPS"]
+
+class AnnotateTarget(Protocol):
+    """What annotate reads of the :class:`~vitexport.targets.Target` it is handed (a protocol: the
+    targets' base module imports this one, and quantize/ never imports a target)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> QuantizationSpec: ...
+
+    def encoding(self) -> Encoding: ...
+
+    def per_channel(self) -> bool: ...
+
+    def attention_ok(self, head: int, seq: int) -> tuple[bool, str]: ...
+
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 # ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
@@ -56,7 +72,7 @@ def attention_role(node: ir.Node) -> str | None:
     return None
 
 
-def annotate(model: ir.Model, target: Target) -> QuantPlan:
+def annotate(model: ir.Model, target: AnnotateTarget) -> QuantPlan:
     """Decide which nodes get INT8 inputs (needs static shapes). Never modifies the graph.
 
     Args:
@@ -79,7 +95,7 @@ def annotate(model: ir.Model, target: Target) -> QuantPlan:
     return QuantPlan(target.name, tuple(nodes), target.encoding(), skipped)
 
 
-def _node(n: ir.Node, per_channel: bool, target: Target) -> tuple[NodeSpec | None, str]:
+def _node(n: ir.Node, per_channel: bool, target: AnnotateTarget) -> tuple[NodeSpec | None, str]:
     x = n.inputs[0]
     if x is None or x.dtype not in (None, ir.DataType.FLOAT):
         return None, "input is not float32"
@@ -112,7 +128,7 @@ def _linear(n: ir.Node, per_channel: bool) -> NodeSpec | None:
                     WeightSpec(w.name, 1, axis if per_channel else None), macs)
 
 
-def _attention(n: ir.Node, target: Target) -> tuple[NodeSpec | None, str]:
+def _attention(n: ir.Node, target: AnnotateTarget) -> tuple[NodeSpec | None, str]:
     a, b = static_shape(n.inputs[0]), static_shape(n.inputs[1])
     if not a or not b or len(a) < 3 or len(b) < 3:
         return None, "activation x activation MatMul of unknown or 2-D shape"

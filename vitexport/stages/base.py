@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from ..parity import GoldenReference, LayerReport
     from ..runners import BaseRunner
     from ..sources import LoadedModel
-    from ..targets.base import Target
 
 __all__ = [
     "model_files",
@@ -104,8 +103,21 @@ class Stage(Protocol):
         """A runner over the stage's artifact, for its parity check (the loop activates it)."""
 
 
+class RunTarget(Protocol):
+    """The run's target as this module sees it: a :class:`vitexport.targets.Target`, whose module
+    imports this one for :class:`Contribution`; stages read the rest of it (``annotate``,
+    ``validate``, gates) through :attr:`RunContext.target`. A protocol, not the class, so that this
+    module never imports ``vitexport.targets``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+
 #: writes a file beside the Q/DQ model: ``(int8_path, target) -> written path``
-ArtifactWriter = Callable[[Path, "Target"], Path]
+ArtifactWriter = Callable[[Path, RunTarget], Path]
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,7 @@ class RunContext:
     """
 
     model: LoadedModel
-    target: Target
+    target: RunTarget
     out_dir: Path
     calib: SampleSet
     reference: GoldenReference

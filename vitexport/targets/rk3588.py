@@ -25,32 +25,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import onnx_ir as ir
-from pydantic import Field
 
 from ..check.rules import RuntimeRules, violation
 from ..check.violation import Violation
 from ..stages.base import Contribution
 from ..toolchains.rknn import require_rknn
 from ..toolchains.rknn_graph import HAZARD_RULES
-from ..toolchains.rknn_routes import Route, layout_hazards
-from .base import Target, TargetOptions
+from ..toolchains.rknn_routes import layout_hazards
+from .base import Target
 from .registry import register_target
-from .rknn_stages import RKNN
+from .rknn_stages import RKNN, Rk3588Options
 
 __all__ = ["Rk3588Target", "Rk3588Options", "RknnRules"]
-
-
-class Rk3588Options(TargetOptions):
-    """``target_options`` of the rk3588 target."""
-
-    route: Route = Field(
-        default="qdq", description="how vitexport's INT8 reaches RKNN: qdq (its Q/DQ file in RKNN's INT8 layout), "
-                                   "rknn (RKNN's own quantizer on the float graph), hybrid (vitexport's ranges in "
-                                   "RKNN's quantization config)")
-    calibration_samples: int = Field(
-        default=32, ge=1, description="calibration samples that measure the ranges of the Q/DQ the layout adds (and "
-                                      "RKNN's own quantizer's dataset in the rknn / hybrid routes)")
-    timeout_s: float = Field(default=3600.0, gt=0, description="rknn-toolkit2's worker is stopped after this long")
 
 
 class RknnRules(RuntimeRules):

@@ -20,9 +20,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+from pydantic import Field
 
 from ..calibration.feeds import FeedSet
 from ..errors import BadInput
@@ -35,13 +36,42 @@ from ..runners.sessions import QDQ_AS_FLOAT
 from ..stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
 from ..toolchains.rknn import RknnRequest, RknnResult, require_rknn, run_rknn
 from ..toolchains.rknn_graph import rknn_hazards
-from ..toolchains.rknn_routes import rknn_input, route_quantization
+from ..toolchains.rknn_routes import Route, rknn_input, route_quantization
+from .base import TargetOptions
 
-if TYPE_CHECKING:
-    from .rk3588 import Rk3588Target
+__all__ = ["CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
+           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "npu_report"]
 
-__all__ = ["CompileRknnStage", "SimulateRknnStage", "RKNN", "RKNN_MODEL", "RKNN_ONNX", "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX",
-           "npu_report"]
+
+class Rk3588Options(TargetOptions):
+    """``target_options`` of the rk3588 target."""
+
+    route: Route = Field(
+        default="qdq", description="how vitexport's INT8 reaches RKNN: qdq (its Q/DQ file in RKNN's INT8 layout), "
+                                   "rknn (RKNN's own quantizer on the float graph), hybrid (vitexport's ranges in "
+                                   "RKNN's quantization config)")
+    calibration_samples: int = Field(
+        default=32, ge=1, description="calibration samples that measure the ranges of the Q/DQ the layout adds (and "
+                                      "RKNN's own quantizer's dataset in the rknn / hybrid routes)")
+    timeout_s: float = Field(default=3600.0, gt=0, description="rknn-toolkit2's worker is stopped after this long")
+
+
+class RknnTarget(Protocol):
+    """What the RKNN stages read of their target (``Rk3588Target``); a protocol rather than the class,
+    so that this module, which ``rk3588`` imports, never imports ``rk3588``."""
+
+    @property
+    def platform(self) -> str: ...
+
+    @property
+    def toolkit(self) -> str: ...
+
+    @property
+    def rknn_config(self) -> dict[str, Any]: ...
+
+    @property
+    def options(self) -> Rk3588Options: ...
+
 
 RKNN_MODEL, RKNN_ONNX, RKNN_OUTPUTS, RKNN_LOG = "model.rknn", "model.rknn.onnx", "rknn_simulator.npz", "rknn.log"
 #: the integer-input prefix (embedding lookups, mask casts) the host runs before ``model.rknn``
@@ -119,12 +149,12 @@ class CompileRknnStage:
         return recipe.stages.quantize_int8.enabled and recipe.stages.build_engine.enabled
 
     def key(self, ctx: RunContext) -> str:
-        t: Rk3588Target = ctx.target  # type: ignore[assignment]
+        t: RknnTarget = ctx.target  # type: ignore[assignment]
         return content_key(ctx.key, model_hash(ctx.files[INT8_ONNX]), model_hash(ctx.files[FP32_ONNX]), ctx.calib.fingerprint(),
                            t.platform, t.rknn_config, t.options.model_dump(mode="json"), t.toolkit)
 
     def run(self, ctx: RunContext) -> StageOutput:
-        t: Rk3588Target = ctx.target  # type: ignore[assignment]
+        t: RknnTarget = ctx.target  # type: ignore[assignment]
         require_rknn()  # before any work: a missing toolchain names `make setup-rknn`
         route, calib = t.options.route, _calib_feeds(ctx, t.options.calibration_samples)
         with tempfile.TemporaryDirectory(prefix=".rknn-", dir=ctx.out_dir) as tmp:

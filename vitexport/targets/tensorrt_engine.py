@@ -9,7 +9,7 @@ import os
 import shlex
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from ..errors import BadInput
 from ..io import atomic_path, atomic_write_text
@@ -18,8 +18,20 @@ from ..runners import TensorRTRunner, tensorrt_missing
 from ..runners.trt_runner import polygraphy_error, require_tensorrt
 from ..stages.base import INT8_ONNX, Contribution, RunContext, StageOutput, StageSkipped
 
-if TYPE_CHECKING:
-    from .orin import OrinTarget
+
+class TensorRTTarget(Protocol):
+    """What the engine stage reads of a TensorRT target (``OrinTarget`` and ``OrinJP5Target``); a
+    protocol rather than the class, so that this module, which ``orin`` imports, never imports ``orin``."""
+
+    @property
+    def strongly_typed(self) -> bool: ...
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def description(self) -> str: ...
+
 
 __all__ = ["trtexec_command", "write_engine_script", "build_engine", "BuildEngineStage", "TENSORRT",
            "ENGINE_PLAN", "ENGINE_SCRIPT"]
@@ -44,7 +56,7 @@ def trtexec_command(int8_name: str, plan_name: str, strongly_typed: bool = True)
     return cmd
 
 
-def write_engine_script(int8_path: Path, out_script: Path, target: OrinTarget) -> Path:
+def write_engine_script(int8_path: Path, out_script: Path, target: TensorRTTarget) -> Path:
     """Write ``build_engine.sh`` (atomic, executable) next to the Q/DQ model.
 
     Args:
@@ -126,7 +138,7 @@ def _build(int8_path: Path, engine_path: Path, strongly_typed: bool, workspace_m
     return engine_path
 
 
-def engine_script(int8: Path, target: OrinTarget) -> Path:
+def engine_script(int8: Path, target: TensorRTTarget) -> Path:
     """Write ``build_engine.sh`` beside the Q/DQ model (an artifact writer of :data:`TENSORRT`)."""
     return write_engine_script(int8, Path(int8).parent / ENGINE_SCRIPT, target)
 

@@ -22,10 +22,10 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
-import onnxruntime as ort
 
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, static_shape
+from ..runners.sessions import Session, SessionConfig
 
 __all__ = ["FullShapeMasks", "CollapseTransposes", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
@@ -260,14 +260,8 @@ def output_ranges(model: ir.Model, feeds: Iterable[Mapping[str, np.ndarray]], na
     the ranges the INT8 network produces, which the output Q/DQ must hold)."""
     if not names:
         return {}
-    proto = ir.serde.serialize_model(model)
-    known = {o.name for o in proto.graph.output}
-    for n in names:
-        if n not in known:
-            proto.graph.output.add().name = n
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    known = [o.name for o in model.graph.outputs]
+    sess = Session(model, SessionConfig(), outputs=known + [n for n in names if n not in known])
     lo = {n: np.inf for n in names}
     hi = {n: -np.inf for n in names}
     for feed in feeds:
