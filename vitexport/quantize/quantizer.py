@@ -214,13 +214,14 @@ def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, j
     if not pv:
         return qdq, plan, first
     trial_plan = plan.without(set(pv))
-    trial = judge(build(trial_plan))
+    trial_qdq = build(trial_plan)
+    trial = judge(trial_qdq)
     e_int8, e_float = 1.0 - first.prediction.cosine_min, 1.0 - trial.prediction.cosine_min
     keep_float = e_float * PV_GAIN <= e_int8 or (bool(trial) and not first)
     report.notes.append(f"attn·V: predicted worst cosine {first.prediction.cosine_min:.5f} with it INT8, "
                         f"{trial.prediction.cosine_min:.5f} in float: kept {'in float' if keep_float else 'INT8'}")
     if keep_float:
-        return build(trial_plan), trial_plan, trial
+        return trial_qdq, trial_plan, trial
     return qdq, plan, first
 
 
@@ -252,7 +253,8 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
     tried = []
     for node in small:
         trial_plan = plan.without({node}, "kept in float (one node dominates the INT8 error)")
-        trial = judge(build(trial_plan))
+        trial_qdq = build(trial_plan)  # the model written if it qualifies: built once
+        trial = judge(trial_qdq)
         e_float = 1.0 - trial.prediction.cosine_min
         tried.append(f"{node} {trial.prediction.cosine_min:.5f}")
         if e_float * DOMINANT_GAIN <= e_int8 and len(trial.failing()) <= len(first.failing()):
@@ -262,7 +264,7 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
             report.float_fallback.append({"node": node, "sensitivity": float(dict(ranking)[node]),
                                           "macs_share": macs[node] / total, "why": "dominant"})
             report.float_macs_share += macs[node] / total
-            return build(trial_plan), trial_plan, trial
+            return trial_qdq, trial_plan, trial
     if tried:
         report.notes.append(f"no node dominates the INT8 error (predicted worst cosine {first.prediction.cosine_min:.5f}; "
                             f"each alone in float: {', '.join(tried)}): all kept INT8")
