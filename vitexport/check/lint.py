@@ -55,7 +55,7 @@ from .violation import Severity, Violation, node_label
 __all__ = ["LINT_RULES", "lint_model", "value_info_names", "liveness", "PROTOBUF_LIMIT"]
 
 W, E = Severity.warning, Severity.error
-#: every lint rule and its severity (the table in the module docstring and the README)
+#: every lint rule and its severity (the table in the module docstring and docs/check.md)
 LINT_RULES: dict[str, Severity] = {
     "lint.unused_initializer": W, "lint.dead_node": W, "lint.dead_value_info": W, "lint.unused_input": W,
     "lint.node_name": W, "lint.duplicate_node_name": E, "lint.input_shadows_initializer": W,
