@@ -154,8 +154,8 @@ def run_pipeline(
         raise ValueError("per-layer localisation (layers=True) compares with the source model: keep_source must be True")
     recipe = target.recipe
     stages = list(stages) if stages is not None else pipeline_stages(target)
-    arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
     data_check = check_data(calib, parity_data)  # warns, before the long work, when the two sets differ
+    arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
     ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])

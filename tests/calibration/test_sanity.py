@@ -84,7 +84,7 @@ def test_matched_data_does_not_warn(tmp_path):
     demo_ex = {"x": np.zeros((1, 1, 16, 16), np.float32)}
     check, said = _check(DEMO_CALIB, DEMO_HELDOUT, demo_ex)
     assert check.compared and said == []
-    assert check.calibration["preprocess"] is None  # arrays are fed as they are
+    assert check.calibration["preprocess"] is None and check.calibration["kind"] == "arrays"
 
 
 def test_resolution_difference_warns(tmp_path):
@@ -135,6 +135,8 @@ def test_export_states_preprocessing_and_warns_in_terminal_report_and_manifest(t
     assert "## Calibration and parity data" in md and "resize the shorter side to 32" in md
     assert "**WARNING:** grayscale vs colour" in md
     assert "Calibration and parity data" in (arts.out_dir / "parity.html").read_text()
+    api.render_parity(arts.out_dir)  # re-rendered from parity.json, the section stays
+    assert "**WARNING:** grayscale vs colour" in (arts.out_dir / "parity.md").read_text()
     man = json.loads((arts.out_dir / "manifest.json").read_text())
     assert man["data_check"]["calibration"]["preprocess"]["mean"] == pytest.approx([0.485, 0.456, 0.406])
     assert any("grayscale" in w for w in man["data_check"]["warnings"])

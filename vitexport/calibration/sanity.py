@@ -85,7 +85,8 @@ class DataCheck:
     """What was compared, the preprocessing of image folders, and what differs.
 
     Attributes:
-        calibration, parity: per set, ``source``, ``preprocess`` (an image folder's, else None),
+        calibration, parity: per set, ``source``, ``kind`` (``images``, ``arrays`` of an .npz, or None),
+            ``preprocess`` (an image folder's, else None),
             ``short_side_px`` (median shorter side of its images) and ``inputs`` (name → statistics).
         warnings: one sentence per difference, naming both sets, the statistic and by how much.
         compared: False when there is nothing to compare (the same data, or synthetic inputs).
@@ -138,18 +139,19 @@ def _gray(x: np.ndarray) -> np.ndarray:
 def _stats(samples: SampleSet, limit: int) -> dict[str, _Stats]:
     """Per float input: channel moments, per-sample means, range and grayscale share, streamed."""
     parts: dict[str, dict[str, list]] = {}
-    for feed in samples.head(limit).batches(16):
+    for feed in samples.head(limit).batches(8):
         for name, a in feed.items():
             if a.dtype.kind != "f" or a.ndim < 2:
                 continue
-            x = a.astype(np.float64).reshape(a.shape[0], a.shape[1] if a.ndim == 4 else 1, -1)
             p = parts.setdefault(name, {"m": [], "sq": [], "lo": [], "hi": [], "gray": []})
-            p["m"].append(x.mean(axis=2))
-            p["sq"].append((x**2).mean(axis=2))
-            p["lo"].append(float(x.min()))
-            p["hi"].append(float(x.max()))
-            if x.shape[1] == 3 and a.ndim == 4:
-                p["gray"].append(_gray(x))
+            for row in a:  # one sample at a time in float64: a few copies of one image, not of a batch
+                x = row.astype(np.float64).reshape(1, row.shape[0] if a.ndim == 4 else 1, -1)
+                p["m"].append(x.mean(axis=2))
+                p["sq"].append((x**2).mean(axis=2))
+                p["lo"].append(float(x.min()))
+                p["hi"].append(float(x.max()))
+                if x.shape[1] == 3 and a.ndim == 4:
+                    p["gray"].append(_gray(x))
     out = {}
     for name, p in parts.items():
         m, sq = np.concatenate(p["m"]), np.concatenate(p["sq"])  # (N, C): every sample has as many values
@@ -176,8 +178,9 @@ def _short_side(folder: ImageFolderSamples | None, limit: int) -> int | None:
 
 def _describe(samples: SampleSet, limit: int, with_stats: bool) -> tuple[dict[str, Any], dict[str, _Stats]]:
     folder = _image_folder(samples)
-    d: dict[str, Any] = {"source": display_path(samples.source), "samples": len(samples), "preprocess": None,
-                         "short_side_px": None, "inputs": {}}
+    kind = "images" if folder is not None else "arrays" if samples.source.lower().endswith(".npz") else None
+    d: dict[str, Any] = {"source": display_path(samples.source), "kind": kind, "samples": len(samples),
+                         "preprocess": None, "short_side_px": None, "inputs": {}}
     if folder is not None:
         d["preprocess"] = {**folder.pipeline.to_dict(), "summary": folder.pipeline.summary()}
     if not with_stats:

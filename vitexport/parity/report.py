@@ -493,8 +493,8 @@ def _data_check_parts(dc: Mapping[str, Any]) -> tuple[list[str], list[str], list
     for role in ("calibration", "parity"):
         d = dc.get(role) or {}
         pre = (d.get("preprocess") or {}).get("summary")
-        sets.append(f"{role}: {d.get('source')} ({d.get('samples')} samples)"
-                    + (f"; preprocessing: {pre}" if pre else "; arrays fed as they are (no preprocessing)"))
+        how = f"; preprocessing: {pre}" if pre else "; arrays fed as they are" if d.get("kind") == "arrays" else ""
+        sets.append(f"{role}: {d.get('source')} ({d.get('samples')} samples){how}")
     if not dc.get("compared", True):
         sets.append(f"not compared: {dc.get('why_not')}")
     c, p = dc.get("calibration") or {}, dc.get("parity") or {}
