@@ -20,6 +20,7 @@ from vitexport.calibration import load_samples
 from vitexport.calibration.images import resolve_pipeline
 from vitexport.calibration.sanity import CalibrationMismatchWarning, check_data
 from vitexport.demo import DEMO_CALIB, DEMO_HELDOUT
+from vitexport.io import display_path
 from vitexport.recipe import PreprocessSpec
 from vitexport.sources.base import Preprocess
 
@@ -81,9 +82,13 @@ def test_matched_data_does_not_warn(tmp_path):
     """Two draws of the same kind of images (different seeds) and the bundled demo's two splits."""
     check, said = _check(_folder(tmp_path / "a", seed=1), _folder(tmp_path / "b", seed=2))
     assert check.compared and said == [] and check.warnings == []
-    demo_ex = {"x": np.zeros((1, 1, 16, 16), np.float32)}
-    check, said = _check(DEMO_CALIB, DEMO_HELDOUT, demo_ex)
-    assert check.compared and said == []
+    _, _, calib, parity, _ = api.prepare(target="cpu")  # the demo's splits, drawn as a run draws them
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check = check_data(calib, parity)
+    assert check.compared and check.warnings == [] and caught == []
+    assert (check.calibration["source"], check.parity["source"]) == (display_path(str(DEMO_CALIB)),
+                                                                     display_path(str(DEMO_HELDOUT)))
     assert check.calibration["preprocess"] is None and check.calibration["kind"] == "arrays"
 
 
