@@ -189,7 +189,13 @@ def _one_line_warnings(verbose: bool) -> Iterator[None]:
         ours = issubclass(category, VitexportWarning)
         if ours or verbose:
             text = one_line(str(message), 400)
-            print(f"vitexport: warning: {text if ours else f'{category.__name__}: {text}'}", file=sys.stderr)
+            text = f"vitexport: warning: {text if ours else f'{category.__name__}: {text}'}"
+            if ours and sys.stderr.isatty():
+                from rich.console import Console  # yellow on a terminal (rich honours NO_COLOR), plain elsewhere
+
+                Console(stderr=True, highlight=False, soft_wrap=True).print(text, style="yellow", markup=False)
+            else:
+                print(text, file=sys.stderr)
 
     saved = warnings.showwarning
     warnings.showwarning = show

@@ -28,6 +28,7 @@ import torch
 
 from . import __version__
 from .calibration import SampleSet
+from .calibration.sanity import DataCheck, check_data
 from .io import atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
@@ -153,10 +154,12 @@ def run_pipeline(
         raise ValueError("per-layer localisation (layers=True) compares with the source model: keep_source must be True")
     recipe = target.recipe
     stages = list(stages) if stages is not None else pipeline_stages(target)
+    data_check = check_data(calib, parity_data)  # warns, before the long work, when the two sets differ
     arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
     ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])
+    _note_data_check(run, data_check, log)
     mark_vacuous(ctx.reference, run)  # a constant reference makes every gate pass trivially: say so loudly
     for i, stage in enumerate(stages):
         if not stage.enabled(recipe):
@@ -180,6 +183,17 @@ def run_pipeline(
             raise res.failure().with_advice(advice)
     _write_outputs(arts, run, recipe, model)
     return arts
+
+
+def _note_data_check(run: ParityRun, check: DataCheck, log: Callable[[str], None]) -> None:
+    """The preprocessing of image folders on the terminal; the comparison in the report and manifest."""
+    run.extra["data_check"] = check.to_dict()
+    line = check.preprocess_line()
+    if line:
+        log(line)
+    if check.warnings:
+        run.notes.append(f"WARNING: the calibration data does not look like the parity data ({len(check.warnings)} "
+                         "difference(s); see 'Calibration and parity data')")
 
 
 def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
@@ -283,6 +297,8 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "reference_peak_rss_bytes": arts.stage_peak_bytes.get("reference"),
         "process_peak_rss_bytes": process_peak_bytes(),
         "skipped_stages": list(run.skipped),
+        # the image folders' preprocessing and how the calibration data compares with the parity data
+        "data_check": run.extra.get("data_check"),
         "resumed_stages": list(arts.resumed),
         # what the INT8 engine will run (INT8 share of GEMM MACs, FP16 / FP32 bytes, FP32 islands)
         "precision": next((s.details["quantize"].get("precision") for s in run.stages if "quantize" in s.details), None),

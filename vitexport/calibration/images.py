@@ -38,10 +38,24 @@ class ImagePipeline:
     interpolation: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    #: where the numbers came from (the model source, the recipe, defaults); said in the report, not
+    #: part of :meth:`describe` (the content key): the same numbers from elsewhere give the same inputs
+    origin: str = ""
 
     def describe(self) -> str:
         return (f"resize={self.resize} crop={self.crop[0]}x{self.crop[1]} interpolation={self.interpolation} "
                 f"mean={tuple(round(m, 4) for m in self.mean)} std={tuple(round(s, 4) for s in self.std)}")
+
+    def summary(self) -> str:
+        """One line a user reads: every step in order, and where its numbers came from."""
+        fmt = lambda v: "(" + ", ".join(f"{x:.4g}" for x in v) + ")"  # noqa: E731
+        text = (f"resize the shorter side to {self.resize} ({self.interpolation}), center crop {self.crop[0]}x{self.crop[1]}, "
+                f"scale to [0, 1], mean {fmt(self.mean)} std {fmt(self.std)}")
+        return text + (f"; from {self.origin}" if self.origin else "")
+
+    def to_dict(self) -> dict:
+        return {"resize": self.resize, "interpolation": self.interpolation, "crop": list(self.crop),
+                "mean": list(self.mean), "std": list(self.std), "origin": self.origin}
 
     def __call__(self, img) -> np.ndarray:
         interp = {
@@ -70,6 +84,8 @@ def resolve_pipeline(
 
     Args:
         input_shape: the model input's shape (N, C, H, W); H, W are the crop when nobody says.
+    Returns:
+        The pipeline; its ``origin`` says where the numbers came from.
     """
     h, w = int(input_shape[-2]), int(input_shape[-1])
     resize = preprocess.resize if preprocess else None
@@ -77,9 +93,12 @@ def resolve_pipeline(
     interp = preprocess.interpolation if preprocess else "bilinear"
     mean = tuple(preprocess.mean) if preprocess else (0.485, 0.456, 0.406)
     std = tuple(preprocess.std) if preprocess else (0.229, 0.224, 0.225)
+    origin = [(preprocess.origin or "the model source") if preprocess
+              else "ImageNet mean/std and bilinear resize by default (the model states no preprocessing)"]
     if preprocess and preprocess.crop and (preprocess.crop, preprocess.crop) != crop:
         # the model's pretrained crop differs from the export shape (img_size override): scale resize
         resize = round(resize * h / preprocess.crop) if resize else None
+        origin.append(f"resize scaled by the export size {h} / the pretrained crop {preprocess.crop}")
     if spec is not None:
         fields = spec.model_fields_set
         if spec.resize is not None:
@@ -92,13 +111,18 @@ def resolve_pipeline(
             mean = tuple(spec.mean)
         if spec.std is not None:
             std = tuple(spec.std)
+        given = [k for k in ("resize", "crop", "interpolation", "mean", "std")
+                 if k in fields and getattr(spec, k) is not None]
+        if given:
+            origin.append(f"{', '.join(given)} from the recipe's calibration.preprocess")
     if crop != (h, w):
         raise BadInput(f"calibration.preprocess.crop {crop[0]} does not match the model input {h}x{w}")
     if resize is None:
         resize = min(h, w)
+        origin.append("resize = the model input's size (nobody states one)")
     if resize < min(crop):
         raise BadInput(f"calibration.preprocess.resize {resize} is smaller than the crop {crop[0]}x{crop[1]}")
-    return ImagePipeline(int(resize), crop, str(interp), mean, std)
+    return ImagePipeline(int(resize), crop, str(interp), mean, std, "; ".join(origin))
 
 
 def _regular(path: Path) -> bool:

@@ -266,6 +266,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         if s.get("artifacts"):
             lines += [f"- artifact {md_code(k)}: {md_code(v)}" for k, v in s["artifacts"].items()]
             lines.append("")
+    lines += _data_check_md(data)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -477,8 +478,64 @@ def render_html(data: Mapping[str, Any], *, plots: bool = True) -> str:
                                      classes))
         if s.get("notes"):
             parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in s["notes"]) + "</ul>")
+    parts += _data_check_html(data)
     parts.append("</body></html>\n")
     return "\n".join(p for p in parts if p)
+
+
+# --- calibration and parity data (written by vitexport.calibration.sanity) --------------------------
+_DATA_TITLE = "Calibration and parity data"
+
+
+def _data_check_parts(dc: Mapping[str, Any]) -> tuple[list[str], list[str], list[list[str]]]:
+    """(one line per set, the preprocessing included; warnings; table rows: input, statistic, calibration, parity)."""
+    sets = []
+    for role in ("calibration", "parity"):
+        d = dc.get(role) or {}
+        pre = (d.get("preprocess") or {}).get("summary")
+        how = f"; preprocessing: {pre}" if pre else "; arrays fed as they are" if d.get("kind") == "arrays" else ""
+        sets.append(f"{role}: {d.get('source')} ({d.get('samples')} samples){how}")
+    if not dc.get("compared", True):
+        sets.append(f"not compared: {dc.get('why_not')}")
+    c, p = dc.get("calibration") or {}, dc.get("parity") or {}
+    fmt = lambda v: ", ".join(_num(x) for x in v) if isinstance(v, list) else _num(v)  # noqa: E731
+    rows = []
+    for name, cs in (c.get("inputs") or {}).items():
+        ps = (p.get("inputs") or {}).get(name) or {}
+        for key, label in (("mean", "mean per channel"), ("std", "std per channel"), ("min", "min"), ("max", "max"),
+                           ("gray_share", "grayscale share")):
+            if cs.get(key) is not None or ps.get(key) is not None:
+                rows.append([name, label, fmt(cs.get(key)), fmt(ps.get(key))])
+    if c.get("short_side_px") or p.get("short_side_px"):
+        rows.append(["", "images' shorter side (median px)", _num(c.get("short_side_px")), _num(p.get("short_side_px"))])
+    return sets, list(dc.get("warnings") or []), rows
+
+
+def _data_check_md(data: Mapping[str, Any]) -> list[str]:
+    """The section of ``parity.md`` saying what data went in and how it was preprocessed."""
+    dc = data.get("data_check")
+    if not dc:
+        return []
+    sets, warns, rows = _data_check_parts(dc)
+    lines = ["", f"## {_DATA_TITLE}", ""] + [f"- {md_text(s)}" for s in sets]
+    lines += [f"- **WARNING:** {md_text(w)}" for w in warns]
+    if rows:
+        lines += ["", _md_table(["input", "statistic", "calibration", "parity"], rows)]
+    return lines
+
+
+def _data_check_html(data: Mapping[str, Any]) -> list[str]:
+    """The same section in ``parity.html``."""
+    dc = data.get("data_check")
+    if not dc:
+        return []
+    sets, warns, rows = _data_check_parts(dc)
+    e = html.escape
+    parts = [f"<h2>{_DATA_TITLE}</h2>", "<ul>" + "".join(f"<li>{e(s)}</li>" for s in sets)
+             + "".join(f"<li class='FAIL'>WARNING: {e(w)}</li>" for w in warns) + "</ul>"]
+    if rows:
+        parts.append(_html_table(["input", "statistic", "calibration", "parity"], rows))
+    return parts
 
 
 # --- files ------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ class Preprocess:
     interpolation: str = "bilinear"
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    #: where these numbers came from, as the report says it ("timm pretrained_cfg of vit_...")
+    origin: str = ""
 
 
 class OutputAdapter(nn.Module):

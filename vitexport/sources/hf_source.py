@@ -92,8 +92,9 @@ def _preprocess(folder: Path, config) -> Preprocess:
         size = size if size is not None else _edge(cfg.crop_size) or resize
         interp = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(cfg.resample if cfg.resample is not None else 2, "bilinear")
     size = int((size if isinstance(size, int) else size[0]) if size else _DEFAULT_SIZE)
+    origin = str(pp) if pp.is_file() else f"defaults (mean/std 0.5, bilinear): no preprocessor_config.json in {folder}"
     return Preprocess(input_size=(channels, size, size), resize=int(resize or size), crop=size, interpolation=interp,
-                      mean=mean, std=std)
+                      mean=mean, std=std, origin=origin)
 
 
 def _edge(s) -> int | None:

@@ -37,5 +37,6 @@ def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int
         interpolation=str(cfg.get("interpolation", "bicubic")),
         mean=tuple(float(v) for v in cfg["mean"]),
         std=tuple(float(v) for v in cfg["std"]),
+        origin=f"timm's pretrained_cfg of {name} (crop_pct {crop_pct:g})",
     )
     return model, (c, h, w), pre

@@ -25,5 +25,6 @@ def load_torchvision(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, i
     with seeded():
         model = torchvision.models.get_model(name, weights=None, **kwargs)
     size = int(getattr(model, "image_size", 224))
-    pre = Preprocess(input_size=(3, size, size), resize=int(round(size * 256 / 224)), crop=size)
+    pre = Preprocess(input_size=(3, size, size), resize=int(round(size * 256 / 224)), crop=size,
+                     origin="torchvision's ImageNet recipe (resize 256/224 of the crop, bilinear, ImageNet mean/std)")
     return model, (3, size, size), pre
