@@ -32,6 +32,7 @@ __all__ = [
     "USER_MODULE_PREFIX",
     "classify",
     "user_code",
+    "user_line",
     "one_line",
     "closest",
     "did_you_mean",
@@ -170,6 +171,13 @@ def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
                 return hits[-1]
         exc = exc.__cause__  # type: ignore[assignment]  # explicit chaining only: a bug raised while handling is ours
     return None
+
+
+def user_line(exc: BaseException) -> str | None:
+    """``'net.py:12'``: the innermost line of the user's ``python:`` model code ``exc`` was raised
+    in (through its explicit causes), or None when it was not raised there."""
+    frame = _user_frame(exc)
+    return f"{_shown(frame.filename)}:{frame.lineno}" if frame is not None else None
 
 
 def _shown(filename: str) -> str:
