@@ -26,24 +26,61 @@ def test_set_overrides_calibration_method(method):
     assert r.calibration.num_samples == 7
 
 
-def test_unknown_key_names_path_and_file():
+def _message(target, overrides=()):
     with pytest.raises(BadInput) as exc:
-        load_recipe("orin", ["calibration.methd=minmax"])
-    msg = str(exc.value)
-    assert "calibration.methd" in msg and "unknown key" in msg and "orin.yaml" in msg
+        load_recipe(target, list(overrides))
+    return str(exc.value)
 
 
-def test_unknown_key_in_file(tmp_path):
+def test_a_set_typo_names_the_set_and_the_nearest_key():
+    """The user's ``--set`` wrote the key, not the packaged YAML: the error names it, and the key meant."""
+    msg = _message("orin", ["quantization.smoth=0.5"])
+    assert msg == "--set quantization.smoth=0.5: unknown key 'smoth' in quantization; did you mean 'smooth'?"
+    assert "orin.yaml" not in msg
+
+
+def test_a_nested_set_typo_suggests_within_its_own_section():
+    assert _message("orin", ["calibration.num_samples=7", "quantization.fallback.max_float_layer=3"]) == (
+        "--set quantization.fallback.max_float_layer=3: unknown key 'max_float_layer' in quantization.fallback; "
+        "did you mean 'max_float_layers'?")
+    assert _message("cpu", ["parity.quantize_int9.cosine_min=0.9"]).endswith(
+        "unknown key 'quantize_int9' in parity; did you mean 'quantize_int8'?")
+
+
+def test_a_typo_in_the_users_own_recipe_names_that_file(tmp_path):
     bad = tmp_path / "mine.yaml"
-    bad.write_text("target: orin\nquantization:\n  equalise: true\n")
-    with pytest.raises(BadInput, match=r"mine\.yaml: quantization\.equalise: unknown key"):
-        load_recipe(str(bad))
+    bad.write_text("target: orin\ncalibration:\n  preprocess:\n    resise: 224\n")
+    # a --set elsewhere does not take the blame for the file's key
+    assert _message(str(bad), ["calibration.method=minmax"]) == (
+        f"{bad}: unknown key 'resise' in calibration.preprocess; did you mean 'resize'?")
+
+
+def test_a_top_level_section_typo(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("target: orin\nquantisation:\n  smooth: false\n")
+    assert _message(str(bad)) == f"{bad}: unknown key 'quantisation'; did you mean 'quantization'?"
+    assert _message("orin", ["calibraton.method=minmax"]) == (
+        "--set calibraton.method=minmax: unknown key 'calibraton'; did you mean 'calibration'?")
+
+
+def test_an_unknown_key_far_from_every_known_one_gets_no_guess(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("target: orin\nquantization:\n  zzz_qqq: true\n")
+    assert _message(str(bad)) == f"{bad}: unknown key 'zzz_qqq' in quantization"
+
+
+def test_a_set_value_error_names_the_set():
+    assert _message("npu", ["calibration.num_samples=lots"]).startswith(
+        "--set calibration.num_samples=lots: calibration.num_samples: Input should be a valid integer")
+    assert _message("orin", ["target=jetson"]).startswith("--set target=jetson: target: unknown target 'jetson'")
+    assert _message("orin", ["export.opset=21"]).startswith("--set export.opset=21: export.opset 21 is above")
 
 
 def test_a_renamed_key_says_where_it_went():
-    with pytest.raises(BadInput, match=r"orin\.yaml: quantization\.equalize: unknown key \(now quantization\.smooth\)"):
+    with pytest.raises(BadInput, match=r"--set quantization\.equalize=false: unknown key 'equalize' in quantization "
+                                       r"\(now quantization\.smooth\)"):
         load_recipe("orin", ["quantization.equalize=false"])
-    with pytest.raises(BadInput, match=r"quantization\.strongly_typed: unknown key \(now the target"):
+    with pytest.raises(BadInput, match=r"unknown key 'strongly_typed' in quantization \(now the target"):
         load_recipe("orin", ["quantization.strongly_typed=false"])
 
 
@@ -126,7 +163,7 @@ def test_every_stage_has_a_tolerance_and_names_parse():
 
 
 def test_parity_tolerance_wrong_type_names_key():
-    with pytest.raises(BadInput, match=r"orin\.yaml: parity\.quantize_int8\.top1_margin_z"):
+    with pytest.raises(BadInput, match=r"^--set parity\.quantize_int8\.top1_margin_z=-1: parity\.quantize_int8\.top1_margin_z"):
         load_recipe("orin", ["parity.quantize_int8.top1_margin_z=-1"])
 
 

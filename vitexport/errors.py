@@ -11,11 +11,13 @@ failed is a resource limit (exit 2), anything else is ours (exit 3).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
+import re
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Iterator
+from typing import Iterable, Iterator
 
 __all__ = [
     "VitexportError",
@@ -30,7 +32,10 @@ __all__ = [
     "USER_MODULE_PREFIX",
     "classify",
     "user_code",
+    "user_line",
     "one_line",
+    "closest",
+    "did_you_mean",
 ]
 
 #: module-name prefix under which ``python:`` model files are imported; frames of such modules
@@ -44,6 +49,34 @@ def one_line(text: str, limit: int = 300) -> str:
     """``text`` on one line (whitespace collapsed), cut to ``limit`` characters."""
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _family(name: str) -> str:
+    """A name's family: what comes before its first ``_`` or digit (``deit3_base`` → ``deit``)."""
+    return re.split(r"[_\d]", name.lower(), maxsplit=1)[0]
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice nearest ``word`` by :func:`difflib.get_close_matches` (case ignored), looked for
+    in ``word``'s family first (``deit_tinyy_patch16_224`` → ``deit_tiny_patch16_224``, not a
+    ``deit3_*`` or ``vit_tiny_*`` that is as close letter for letter), then among all; None when
+    nothing is close."""
+    by_lower: dict[str, str] = {}
+    for c in choices:
+        by_lower.setdefault(str(c).lower(), str(c))
+    key = word.lower()
+    family = [c for c in by_lower if _family(c) == _family(key)]
+    for pool in (family, list(by_lower)):
+        hit = difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
+        if hit:
+            return by_lower[hit[0]]
+    return None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'Y'?"`` for the choice nearest ``word`` (:func:`closest`), else ``""``."""
+    hit = closest(word, choices)
+    return f"; did you mean '{hit}'?" if hit is not None and hit != word else ""
 
 
 class VitexportError(Exception):
@@ -138,6 +171,13 @@ def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
                 return hits[-1]
         exc = exc.__cause__  # type: ignore[assignment]  # explicit chaining only: a bug raised while handling is ours
     return None
+
+
+def user_line(exc: BaseException) -> str | None:
+    """``'net.py:12'``: the innermost line of the user's ``python:`` model code ``exc`` was raised
+    in (through its explicit causes), or None when it was not raised there."""
+    frame = _user_frame(exc)
+    return f"{_shown(frame.filename)}:{frame.lineno}" if frame is not None else None
 
 
 def _shown(filename: str) -> str:

@@ -7,7 +7,9 @@ unknown keys are errors that name the key path and the file (pydantic ``extra="f
 target name first and checks the ``target`` against the registry (which this module never imports:
 the registry is handed in as validation context).
 ``--set key.path=value`` overrides are applied to the raw mapping before validation, so they go
-through exactly the same checks as the file.
+through exactly the same checks as the file; an error in a key a ``--set`` wrote names that
+``--set``, not the file, and an unknown key comes with the nearest one the schema takes
+(``--set quantization.smoth=0.5: unknown key 'smoth' in quantization; did you mean 'smooth'?``).
 
 Stage names are a :class:`StageName` (a ``str`` enum, so ``"simplify"`` and ``StageName.simplify``
 are equal and hash alike). Each stage's parity contract is one typed field of :class:`ParitySpec`
@@ -23,7 +25,7 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .errors import BadInput
+from .errors import BadInput, did_you_mean
 
 __all__ = [
     "StageName",
@@ -397,7 +399,7 @@ def parse_stage(text: str) -> StageName:
     try:
         return StageName(text)
     except ValueError:
-        raise BadInput(f"unknown stage '{text}'; stages are {', '.join(StageName)}") from None
+        raise BadInput(f"unknown stage '{text}'{did_you_mean(text, STAGE_NAMES)} (stages are {', '.join(StageName)})") from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -415,14 +417,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def _apply_override(data: dict, path: list[str], value: Any, source: str) -> None:
+def _apply_override(data: dict, path: list[str], value: Any, text: str) -> None:
     node = data
     for i, key in enumerate(path[:-1]):
         nxt = node.get(key)
         if nxt is None:
             nxt = node[key] = {}
         if not isinstance(nxt, dict):
-            raise BadInput(f"{source}: --set {'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a mapping")
+            raise BadInput(f"--set {text}: '{'.'.join(path[: i + 1])}' is not a mapping")
         node = nxt
     node[path[-1]] = value
 
@@ -437,20 +439,56 @@ RENAMED_KEYS = {
 }
 
 
-def _format_error(err: ValidationError, source: str) -> str:
+def _fields_at(loc: Sequence[str | int]) -> list[str]:
+    """The keys the schema takes at ``loc`` (``('quantization', 'fallback')`` → FallbackSpec's)."""
+    cls: type[BaseModel] = Recipe
+    for key in loc:
+        field = cls.model_fields.get(str(key))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        cls = annotation
+    return list(cls.model_fields)
+
+
+def _unknown_key(loc: Sequence[str | int]) -> str:
+    """``unknown key 'smoth' in quantization; did you mean 'smooth'?`` (or where a renamed key went)."""
+    dotted = ".".join(str(p) for p in loc)
+    key, parent = str(loc[-1]), ".".join(str(p) for p in loc[:-1])
+    where = f" in {parent}" if parent else ""
+    if dotted in RENAMED_KEYS:
+        return f"unknown key '{key}'{where} (now {RENAMED_KEYS[dotted]})"
+    return f"unknown key '{key}'{where}{did_you_mean(key, _fields_at(loc[:-1]))}"
+
+
+def _blamed(loc: Sequence[str | int], msg: str, file: str, overrides: Sequence[tuple[list[str], str]]) -> str:
+    """Who wrote the failing key: the last ``--set`` on its path (``--set quantization.smoth=0.5``),
+    else the recipe file. A whole-recipe check (empty ``loc``) blames the ``--set`` its message names."""
+    at = [str(p) for p in loc]
+    for keys, text in reversed(overrides):
+        n = min(len(keys), len(at))
+        if (at and keys[:n] == at[:n]) or (not at and ".".join(keys) in msg):
+            return f"--set {text}"
+    return file
+
+
+def _format_error(err: ValidationError, source: str, overrides: Sequence[tuple[list[str], str]] = ()) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     kind = first["type"]
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    blamed = _blamed(first["loc"], first["msg"], source, overrides)
     if kind == "value_error" and not first["loc"]:  # a whole-recipe check: its message names the keys
-        return f"{source}: {first['msg'].removeprefix('Value error, ')}"
+        return f"{blamed}: {first['msg'].removeprefix('Value error, ')}"
     if kind == "extra_forbidden":
-        msg = f"unknown key (now {RENAMED_KEYS[loc]})" if loc in RENAMED_KEYS else "unknown key"
-    elif kind == "enum":
+        return f"{blamed}: {_unknown_key(first['loc'])}{more}"
+    if kind == "enum":
         msg = f"{first['msg'].lower()} (got {first.get('input')!r})"
+    elif kind == "value_error":  # a field's own check: its message says what it got
+        msg = first["msg"].removeprefix("Value error, ")
     else:
         msg = f"{first['msg']} (got {first.get('input')!r})" if "input" in first and kind != "missing" else first["msg"]
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: {loc}: {msg}{more}"
+    return f"{blamed}: {loc}: {msg}{more}"
 
 
 def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
@@ -465,8 +503,8 @@ def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
     Returns:
         The frozen, validated :class:`Recipe`.
     Raises:
-        BadInput: unreadable YAML, unknown key, wrong type, unknown target; the message names the
-            key path and the file.
+        BadInput: unreadable YAML, unknown key (with the nearest known one), wrong type, unknown
+            target; the message names the key path and the file, or the ``--set`` that wrote the key.
     """
     path = Path(path)
     try:
@@ -476,10 +514,12 @@ def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
     if not isinstance(data, dict):
         raise BadInput(f"{path}: a recipe must be a mapping, got {type(data).__name__}")
     data.setdefault("name", path.stem)
+    applied = []
     for text in overrides:
         keys, value = parse_override(text)
-        _apply_override(data, keys, value, str(path))
+        _apply_override(data, keys, value, text)
+        applied.append((keys, text))
     try:
         return Recipe.model_validate(data, context={"targets": targets} if targets is not None else None)
     except ValidationError as err:
-        raise BadInput(_format_error(err, str(path))) from None
+        raise BadInput(_format_error(err, str(path), applied)) from None

@@ -148,3 +148,61 @@ def test_the_measured_forward_leaves_the_model_untouched():
     assert needs[-1].what.startswith("one forward pass")
     assert m.cache is None and m.seen == {} and m.fc.weight is weight
     assert m(torch.randn(2, 8)).shape == (2, 8)
+
+
+# --- an --input-shape the model was not built for ---------------------------------------------------
+def test_a_shape_the_demo_refuses_is_one_line_naming_the_shape_it_takes(tmp_path):
+    """The bundled demo (a 16x16 ViT) at 32x32: one line naming both shapes and torch's reason, before the
+    calibration file (of 16x16 digits) is read; none of torch's fake-tensor log (30 lines) reaches the user."""
+    from cli_helpers import run_cli
+
+    proc = run_cli("export", "--input-shape", "1,1,32,32", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "does not accept input 'x' of shape 1×1×32×32" in lines[0] and "built for 1×16×16" in lines[0]
+    assert "must match the size of tensor" in lines[0] and "demo/model.py:" in lines[0]  # torch's reason, the line
+    assert "calib.npz" not in lines[0]
+    assert "Traceback" not in proc.stderr and "fake_tensor" not in proc.stderr and "E1" not in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_timm_model_at_a_size_it_was_not_built_for_names_its_img_size():
+    from vitexport.sources import load_model
+
+    with pytest.raises(BadInput) as exc:
+        load_model("timm:vit_tiny_patch16_224", input_shape="1,3,160,160")
+    msg = str(exc.value)
+    assert msg.startswith("timm:vit_tiny_patch16_224: the model does not accept input 'x' of shape 1×3×160×160 (")
+    assert "Input height (160)" in msg and msg.endswith("built for 3×224×224 (C×H×W): give --input-shape "
+                                                         "N,3,224,224 or leave --input-shape out")
+
+
+def test_a_model_that_takes_other_sizes_still_loads_at_them():
+    from vitexport.sources import load_model
+
+    m = load_model("torchvision:resnet18", input_shape="2,3,64,64")
+    assert tuple(m.example_inputs["x"].shape) == (2, 3, 64, 64)
+
+
+def test_a_fake_forward_that_fails_prints_nothing_and_restores_torch_logging(capfd):
+    """torch logs a failed fake op with a 30-line traceback at ERROR level; the memory measurement
+    only learns "not measured" from it, so nothing is printed, and torch's logger is as it was."""
+    import logging
+
+    from vitexport.preflight.geometry import forward_peak_bytes
+
+    class Pos(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.zeros(1, 17, 8))
+
+        def forward(self, x):
+            return x + self.pos
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    before = fake_log.level
+    assert forward_peak_bytes(Pos(), {"x": (1, 65, 8)}, {"x": torch.float32}, keyword=False) is None
+    out, err = capfd.readouterr()
+    assert "fake_tensor" not in out + err and "Traceback" not in out + err
+    assert fake_log.level == before

@@ -42,6 +42,21 @@ def test_unknown_models_are_bad_input(uri):
         load_model(uri)
 
 
+@pytest.mark.parametrize("uri, meant", [
+    ("timm:deit_tinyy_patch16_224", "deit_tiny_patch16_224"),  # not deit3_base_*: the family and the letters agree
+    ("timm:vit_smal_patch16_224", "vit_small_patch16_224"),
+    ("timm:dei_tiny_patch16_224", "deit_tiny_patch16_224"),  # a typo in the family itself: searched among all
+    ("timm:vit_smal_patch16_224.augreg_in21k", "vit_small_patch16_224.augreg_in21k"),  # the tag is kept
+    ("torchvision:vit_b16", "vit_b_16"),
+    ("torchvision:convnext_tinny", "convnext_tiny"),
+])
+def test_a_mistyped_model_name_suggests_the_one_meant(uri, meant):
+    scheme, _, name = uri.partition(":")
+    with pytest.raises(BadInput) as exc:
+        load_model(uri)
+    assert str(exc.value) == f"unknown {scheme} model '{name}'; did you mean '{meant}'?"
+
+
 def _save_hf_vit(folder, with_preproc=True):
     from transformers import ViTConfig, ViTForImageClassification
 

@@ -12,11 +12,12 @@ None; the caller then checks only what it can count exactly (the inputs).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import gc
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported by the functions that need it
     import torch
@@ -25,6 +26,25 @@ if TYPE_CHECKING:  # pragma: no cover - torch is imported by the functions that 
 __all__ = ["forward_peak_bytes"]
 
 _log = logging.getLogger("vitexport.preflight")
+
+#: torch's loggers that report, with a 30-line traceback at ERROR level, an operator a fake forward
+#: could not run (``failed while attempting to run meta for aten.add.Tensor``): here that only means
+#: "not measured", and the real forward after it says what went wrong, in one line
+_TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
+
+
+@contextlib.contextmanager
+def _torch_logs_silenced() -> Iterator[None]:
+    """torch's fake-tensor loggers drop everything inside the block; their levels are restored after."""
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL + 1)
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _explicit_scores(func, args) -> int:
@@ -92,7 +112,7 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
     try:
         model = _shallow_copy(model)
         model.eval()
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        with _torch_logs_silenced(), torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
             inputs = {k: torch.empty(s, dtype=dtypes[k]) for k, s in shapes.items()}
             mode = _live_bytes_mode()
             with mode:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from ..errors import BadInput, ResourceLimit, classify, user_code
+from ..errors import BadInput, ResourceLimit, VitexportError, classify, user_code, user_line
 from ..runners.base import feed_size
 from .memory import Need, format_bytes, histogram_need, require
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..recipe import Recipe
     from ..sources import LoadedModel
 
-__all__ = ["check_model", "run_needs"]
+__all__ = ["check_model", "check_input_shape", "run_needs"]
 
 def _first_conv_hint(model: LoadedModel) -> str:
     """Why a forward failed when the input's channels are not what the first convolution takes."""
@@ -61,6 +61,46 @@ def _model_call(model: LoadedModel, what: str) -> Iterator[None]:
         msg = " ".join(str(exc).split())[:200]
         raise BadInput(f"{model.uri}: the model raised {type(exc).__name__} {what} on inputs {shapes}: {msg}"
                        f"{_first_conv_hint(model)}") from exc
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last non-empty line of an exception's message (torch puts the reason there)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[-1].split())[:200] if lines else ""
+
+
+def _dims(shape) -> str:
+    return "×".join(str(int(d)) for d in shape)
+
+
+def check_input_shape(model: LoadedModel) -> None:
+    """Run the model once on its example inputs: a shape the user asked for (``--input-shape``)
+    that the model cannot run at is refused here with the reason, and the shape it was built for.
+
+    Raises:
+        BadInput: the forward raised; the message names the input's shape, the error's last line
+            (and the user's line, for a ``python:`` model) and ``model.meta["input_size"]`` if known.
+        ResourceLimit: the forward ran out of memory.
+    """
+    import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
+
+    try:
+        with torch.no_grad():
+            model.module(**model.example_inputs)
+    except (VitexportError, KeyboardInterrupt):
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure here is the shape's (or the model's) to explain
+        err = classify(exc)
+        if isinstance(err, ResourceLimit):
+            raise err from exc
+        inputs = " and ".join(f"'{k}' of shape {_dims(v.shape)}" for k, v in model.example_inputs.items())
+        where = user_line(exc)
+        reason = f"{type(exc).__name__}: {_last_line(exc)}" + (f", in {where}" if where else "")
+        takes = model.meta.get("input_size")
+        built = (f"; it was built for {_dims(takes)} (C×H×W): give --input-shape N,{','.join(map(str, takes))} "
+                 "or leave --input-shape out") if takes else ""
+        raise BadInput(f"{model.uri}: the model does not accept input {inputs} ({reason}){_first_conv_hint(model)}"
+                       f"{built}") from None
 
 
 def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:

@@ -8,6 +8,7 @@ import torch
 
 from ..errors import BadInput
 from ..preflight.memory import forward_need, require
+from ..preflight.model import check_input_shape
 from .base import LoadedModel, OutputAdapter, Preprocess, built_input_size, parse_input_shape, slugify
 from .hf_source import load_hf
 from .python_source import load_python
@@ -113,12 +114,14 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
     if scheme in ("timm", "torchvision"):
         model, chw, preprocess = (load_timm if scheme == "timm" else load_torchvision)(rest)
         spec = _image_spec("x", shape, chw, batch_size)
+        meta["input_size"] = tuple(chw)
         keyword, name = False, f"{scheme}-{rest}"
     elif scheme == "hf":
         model, preprocess, kind, config, note = load_hf(rest)
         meta["hf_kind"], meta["notes"] = kind, [note]
         if kind == "image":
             spec = _image_spec("pixel_values", shape, preprocess.input_size, batch_size)
+            meta["input_size"] = tuple(preprocess.input_size)
         else:
             if shape is not None and len(shape) != 2:
                 raise BadInput("--input-shape: a text encoder needs N,L (batch, sequence length)")
@@ -139,6 +142,7 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
             if shape is None and chw is None:
                 raise BadInput(f"python:{rest}: the model does not say its input size; pass --input-shape N,C,H,W")
             spec = _image_spec(_default_input_name(model), shape, chw, batch_size)
+            meta["input_size"] = tuple(chw) if chw is not None else None
         keyword = _bind(model, list(spec), f"python:{rest}")
     return model, spec, keyword, name, preprocess, meta, vocab
 
@@ -164,7 +168,8 @@ def load_model(
     Returns:
         A :class:`LoadedModel` in eval mode.
     Raises:
-        BadInput: unknown scheme or model, missing files, mismatching weights, bad shape.
+        BadInput: unknown scheme or model (with the nearest name), missing files, mismatching
+            weights, bad shape, an ``input_shape`` the model does not run at (one forward tells).
         UserCodeError: a ``python:`` file raised while imported or called.
         ResourceLimit: the inputs (and one forward over them) cannot fit in memory.
     """
@@ -183,4 +188,10 @@ def load_model(
         inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
     adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
-    return LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
+    loaded = LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
+    takes = meta.get("input_size")
+    if shape is not None and (takes is None or tuple(shape[1:]) != tuple(takes)):
+        # a shape the model was not built for: one real forward now, so that a model refusing it
+        # says so here, in one line, rather than as a calibration file "of the wrong shape" later
+        check_input_shape(loaded)
+    return loaded

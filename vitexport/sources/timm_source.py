@@ -3,10 +3,19 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import BadInput
+from ..errors import BadInput, closest
 from .base import Preprocess, built_input_size, seeded
 
 __all__ = ["load_timm"]
+
+
+def _suggestion(name: str, known: list[str]) -> str:
+    """``"; did you mean 'NAME'?"`` for the nearest architecture (a ``.tag`` kept as given), or how to list them."""
+    arch, dot, tag = name.partition(".")
+    hit = closest(arch, known)
+    if hit is not None:
+        return f"; did you mean '{hit}{dot}{tag}'?"
+    return f"; no timm model has a close name (timm.list_models('{arch.split('_')[0]}*') lists a family)"
 
 
 def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess]:
@@ -21,8 +30,7 @@ def load_timm(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int
     from timm.data import resolve_data_config
 
     if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:5] if name else []
-        raise BadInput(f"unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else ""))
+        raise BadInput(f"unknown timm model '{name}'{_suggestion(name, timm.list_models())}")
     with seeded():
         model = timm.create_model(name, pretrained=False, **kwargs)
     cfg = resolve_data_config({}, model=model)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import BadInput
+from ..errors import BadInput, did_you_mean
 from .base import Preprocess, seeded
 
 __all__ = ["load_torchvision"]
@@ -19,9 +19,10 @@ def load_torchvision(name: str, **kwargs) -> tuple[torch.nn.Module, tuple[int, i
     """
     import torchvision  # torchvision loads for torchvision: URIs only
 
-    names = set(torchvision.models.list_models())
+    names = torchvision.models.list_models()
     if name not in names:
-        raise BadInput(f"unknown torchvision model '{name}'")
+        hint = did_you_mean(name, names) or "; torchvision.models.list_models() lists them"
+        raise BadInput(f"unknown torchvision model '{name}'{hint}")
     with seeded():
         model = torchvision.models.get_model(name, weights=None, **kwargs)
     size = int(getattr(model, "image_size", 224))
