@@ -235,10 +235,11 @@ def _pv_note(first: Verdict, trial: Verdict, pays: bool, rescues: bool, judge: J
     figures = (f"predicted worst cosine {first.prediction.cosine_min:.5f} with it INT8, "
                f"{trial.prediction.cosine_min:.5f} in float")
     gain = (1.0 - first.prediction.cosine_min) / max(1.0 - trial.prediction.cosine_min, 1e-12)
-    if rescues:
-        why = f"with it INT8 the prediction misses {', '.join(sorted(first.failing()))}; in float it meets every check"
-    elif pays:
-        why = f"float divides the predicted error 1 − cos by {gain:.2f} (≥ {PV_GAIN}: worth the MACs)"
+    if pays or rescues:
+        why = "; ".join(
+            ([f"float divides the predicted error 1 − cos by {gain:.2f} (≥ {PV_GAIN}: worth the MACs)"] if pays else [])
+            + ([f"with it INT8 the prediction misses {', '.join(sorted(first.failing()))}, in float it meets every check"]
+               if rescues else []))
     elif gain >= 1.0:
         why = f"float would divide the predicted error 1 − cos by only {gain:.2f} (< {PV_GAIN})"
     else:

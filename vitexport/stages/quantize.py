@@ -79,8 +79,8 @@ def _precision(q, int8: Path) -> list[str]:
     line = (f"{int8.name}: {_size(on_disk)} on disk"
             + (f" (constants: {', '.join(f'{_size(b)} {names.get(k, k)}' for k, b in weights if b)}; the rest is the graph)"
                if weights else "")
-            + f"; INT8 share (GEMM/Conv multiply-accumulates in INT8): {p['int8_gemm_macs_share']:.1%}; "
-            f"float parts in {p['high_precision'].upper()}")
+            + f"; the engine will run {p['int8_gemm_macs_share']:.1%} of GEMM/Conv multiply-accumulates in INT8 "
+            f"(the INT8 share), float parts in {p['high_precision'].upper()}")
     islands = p.get("fp32_islands") or {}
     if islands:
         line += f"; {len(islands)} node(s) kept in FP32 ({'; '.join(f'{k}: {v}' for k, v in list(islands.items())[:3])})"
