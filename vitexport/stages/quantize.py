@@ -80,7 +80,7 @@ def _precision(q, int8: Path) -> list[str]:
             + (f" (constants: {', '.join(f'{_size(b)} {names.get(k, k)}' for k, b in weights if b)}; the rest is the graph)"
                if weights else "")
             + f"; the engine will run {p['int8_gemm_macs_share']:.1%} of GEMM/Conv multiply-accumulates in INT8 "
-            f"(the INT8 share), float parts in {p['high_precision'].upper()}")
+            f"(the INT8 share); float parts written in {p['high_precision'].upper()}")
     islands = p.get("fp32_islands") or {}
     if islands:
         line += f"; {len(islands)} node(s) kept in FP32 ({'; '.join(f'{k}: {v}' for k, v in list(islands.items())[:3])})"
@@ -95,7 +95,7 @@ def _predicted(q) -> list[str]:
     top1 = m.get("top1_agreement_gated", m.get("top1_agreement"))
     line = (f"predicted from {q.selection}: the gate's worst cosine over {p['gate_samples']} sample(s) "
             f"≥ {p['cosine_min']:.6f} (the selection samples' own minimum {m['cosine_min']:.6f}"
-            + (f", top-1 (gated) {top1:.4f}" if top1 is not None else "")
+            + (f", gated top-1 {top1:.4f}" if top1 is not None else "")
             + (f"; expected top-1 flips {p['flip_rate'] * p['gate_samples']:.2f} of {p['gate_samples']} "
                f"(upper {(p.get('flip_rate_upper') or 0.0) * p['gate_samples']:.2f})" if p.get("flip_rate") is not None else "")
             + f"); {'passes' if q.parity['passed'] else 'misses'} the budget by this prediction; the gate then measures "

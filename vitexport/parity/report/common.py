@@ -276,7 +276,7 @@ def prediction_sentence(data: Mapping[str, Any]) -> str | None:
         return None
     n = len(stage.get("sample_cosines") or []) or (q["parity"]["prediction"].get("gate_samples"))
     held = measured >= pred
-    return (f"the gate measured a worst cosine of {measured:.6f} on {n} parity sample(s), "
+    return (f"the {stage['stage']} gate measured a worst cosine of {measured:.6f} on {n} parity sample(s), "
             f"{'at or above' if held else 'below'} the quantizer's predicted lower bound {pred:.6f} "
             f"({'the prediction held' if held else 'the prediction missed'})")
 

@@ -27,12 +27,15 @@ def _md_note(note: Any) -> str:
 
 
 def _summary(data: Mapping[str, Any]) -> list[str]:
-    """The gates against their thresholds, the run's facts, then the terms they use."""
+    """The gates against their thresholds, the run's facts and notes, then the terms they use."""
     ov = overview(data)
     lines = ["## Summary", ""]
     if ov.gates:
         lines += [_md_table(GATE_COLUMNS, ov.gates), ""]
     lines += [f"- **{md_text(label)}**: {md_text(text)}" for label, text in ov.facts]
+    lines += [_md_note(n) for n in data.get("notes", [])]
+    if data.get("skipped"):
+        lines.append(f"- skipped stages: {', '.join(data['skipped'])}")
     words = terms(data)
     if words:
         lines += ["", "Terms: " + "; ".join(f"**{md_text(t)}**: {md_text(d)}" for t, d in words) + "."]
@@ -49,10 +52,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     lines += [f"- **{k}**: {md_code(v)}" for k, v in meta]
     lines += ["", f"**{_headline(data)}**", ""]
     lines += _summary(data)
-    lines += [_md_note(n) for n in data.get("notes", [])]
-    if data.get("skipped"):
-        lines.append(f"- skipped stages: {', '.join(data['skipped'])}")
-    lines += ["", "## Stages", ""]
+    lines += ["## Stages", ""]
     lines.append(_md_table([c for c, _ in _STAGE_COLUMNS], [_stage_row(s) for s in data.get("stages", [])]))
     for s in data.get("stages", []):
         if not _stage_has_details(s):
