@@ -209,7 +209,8 @@ PV_GAIN = 1.2
 def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge, build: _Builder,
               report: QuantReport) -> tuple[ir.Model, QuantPlan, Verdict]:
     """attn·V in INT8 or float, decided for this model by one more verdict (the cheapest candidate: a few
-    per cent of the MACs, at the price of TensorRT's fused INT8 attention, which the report states)."""
+    per cent of the MACs, at the price of fused INT8 attention on a runtime that has it: the target's attention
+    line in the report says, :meth:`~vitexport.targets.base.Target.attention_note`)."""
     pv = _pv_nodes(model, plan)
     if not pv:
         return qdq, plan, first
@@ -313,7 +314,7 @@ def _sensitive_pv(model: ir.Model, plan: QuantPlan, ranking: list[tuple[str, flo
 
 def attention_summary(model: ir.Model, annotated: QuantPlan, final: QuantPlan) -> dict[str, Any]:
     """How attention runs in the written file: Q·Kᵀ / attn·V MatMuls in INT8 out of those annotated,
-    and the share of GEMM MACs the float attn·V costs (TensorRT fuses INT8 attention only where both
+    and the share of GEMM MACs the float attn·V costs (a runtime fuses INT8 attention only where both
     batched MatMuls are INT8: a float attn·V there is a measured trade, reported)."""
     pv = set(_pv_nodes(model, annotated))
     att = [n for n in annotated.nodes if n.kind is NodeKind.attention]
