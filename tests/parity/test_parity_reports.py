@@ -84,18 +84,19 @@ def test_markdown_reads_as_tables(run):
     md = render_markdown(run.to_dict())
     assert md.startswith("# Parity report: FAIL")
     assert "| stage | engine | result |" in md
-    assert "| top-1 | top-1 gated | near-ties |" in md  # both top-1 figures and the near-tie count
+    assert "| top-1 | gated top-1 | near ties |" in md  # both top-1 figures and the near-tie count
     assert "| fuse_qkv | torch | FAIL | 4 |" in md
     assert "First divergence: **`blocks.3`**" in md
     assert "- skipped stages: mask_to_where" in md
 
 
-def test_html_is_self_contained_with_three_plots(run, tmp_path):
+def test_html_is_self_contained_with_four_plots(run, tmp_path):
     had_pyplot = "matplotlib.pyplot" in sys.modules
     html = write_reports(tmp_path, run)["parity.html"].read_text()
     assert had_pyplot or "matplotlib.pyplot" not in sys.modules  # plots drawn on an Agg canvas, no pyplot
     images = html.split('src="data:image/png;base64,')[1:]
-    assert len(images) == 3  # error per stage, per-layer SNR, error histograms
+    assert len(images) == 4  # cosine per sample (in the summary), error per stage, per-layer SNR, error histograms
+    assert html.index("cosine per sample") < html.index("<h2>Stages</h2>") < html.index("error per stage")
     for img in images:
         assert base64.b64decode(img.split('"')[0])[:8] == b"\x89PNG\r\n\x1a\n"
     assert "http://" not in html and "https://" not in html and "<script" not in html

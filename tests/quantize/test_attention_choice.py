@@ -36,5 +36,7 @@ def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_flo
     assert bool(att["pv_float"]) == expect_float
     note = next(n for n in rep.notes if n.startswith("attn·V:"))
     assert ("kept in float" in note) == expect_float
+    # the rule that chose, and the gate data the choice was predicted for (other parity data may choose otherwise)
+    assert ("worth the MACs" in note) == expect_float and "predicted for the gate's" in note
     if expect_float:
         assert 0 < att["pv_float_macs_share"] < 0.05  # the cheap candidate: a few per cent of the MACs

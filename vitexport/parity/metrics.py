@@ -31,7 +31,7 @@ from pydantic import model_serializer
 from ..recipe import Tolerance
 from .data import Data, Sparse, TolerancePlain, result
 
-__all__ = ["Metrics", "Check", "CompareResult", "compute_metrics", "compare", "error_histogram", "HISTOGRAM_EDGES",
+__all__ = ["Metrics", "Check", "CompareResult", "compute_metrics", "compare", "error_histogram", "sample_cosines", "HISTOGRAM_EDGES",
            "DEFAULT_TOP1_MARGIN_Z"]
 
 #: the schema's default ``Tolerance.top1_margin_z`` (used when metrics are computed without a tolerance)
@@ -73,6 +73,21 @@ class Metrics(Sparse):
         return self.max_abs / max(self.ref_scale, 1e-12)
 
 
+def _cosines(r: np.ndarray, o: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row (an all-zero row: 1 when both are equal, else 0)."""
+    num = (r * o).sum(1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1)
+    return np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(r - o).sum(1) == 0, 1.0, 0.0))
+
+
+def sample_cosines(ref: np.ndarray, out: np.ndarray) -> list[float] | None:
+    """Each sample's cosine with the reference, in sample order (the report plots them against the
+    gate's threshold); None when the output holds NaN/Inf (no cosine is defined there)."""
+    if not np.isfinite(out).all():
+        return None
+    return [round(float(c), 7) for c in _cosines(_rows(ref), _rows(out))]
+
+
 def _distances(ref: np.ndarray, out: np.ndarray) -> Metrics:
     """Element and per-sample distances (non-finite outputs make them infinite, never NaN)."""
     nonfinite = int((~np.isfinite(out)).sum())
@@ -81,9 +96,7 @@ def _distances(ref: np.ndarray, out: np.ndarray) -> Metrics:
     if nonfinite:
         return Metrics(math.inf, math.inf, math.inf, -1.0, -1.0, -math.inf, ref_scale=ref_scale, nonfinite=nonfinite)
     r, o = _rows(ref), _rows(out)
-    num = (r * o).sum(1)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(o, axis=1)
-    cos = np.where(den > 0, num / np.maximum(den, 1e-300), np.where(np.abs(r - o).sum(1) == 0, 1.0, 0.0))
+    cos = _cosines(r, o)
     noise = float(((o - r) ** 2).sum())
     signal = float((r**2).sum())
     return Metrics(

@@ -22,7 +22,7 @@ from ..errors import ParityFailure
 from ..recipe import StageName, Tolerance
 from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
-from .metrics import Check, Metrics, compare, error_histogram
+from .metrics import Check, Metrics, compare, error_histogram, sample_cosines
 from .nonfinite import locate_nonfinite_source
 from .reference import GoldenReference, vacuous_reason
 
@@ -56,6 +56,8 @@ class StageResult(Data):
         layer_report: per-layer results (``--layers``); ``layers`` is its list, in network order.
         nonfinite_source: where the first NaN/Inf was produced (node or module), when located.
         histogram: the relative-error histogram (see :func:`~.metrics.error_histogram`).
+        sample_cosines: each parity sample's cosine with the reference, in sample order (the
+            report's cosine plot); None when not measured (NaN/Inf outputs, older files).
         details: stage-specific data for ``parity.json`` (a pass report, export facts...); must
             be JSON-serialisable.
 
@@ -78,6 +80,7 @@ class StageResult(Data):
     layer_report: LayerReport | None = None
     nonfinite_source: dict[str, Any] | None = None
     histogram: dict[str, Any] | None = None
+    sample_cosines: list[float] | None = None
     parity_seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -314,6 +317,7 @@ def check_stage(
     cmp = compare(ref, out, tolerance, labels=reference.labels, unmasked=unmasked)
     result.metrics, result.checks, result.passed = cmp.metrics, list(cmp.checks), bool(cmp)
     result.histogram = error_histogram(ref, out, cmp.metrics.ref_scale)
+    result.sample_cosines = sample_cosines(ref, out)
     if cmp.metrics.nonfinite and locate_nonfinite:
         _locate(result, runner, reference, per_batch)
     result.parity_seconds = time.perf_counter() - t0

@@ -34,7 +34,7 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import attr, const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
 
-__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary"]
+__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary", "weight_bytes"]
 
 FP16_MAX = 65504.0
 _FP16_TINY = 6.0e-8  # smallest positive float16 (subnormal)
@@ -304,9 +304,26 @@ def legal_fp16_scales(model: ir.Model) -> int:
     return raised
 
 
+def weight_bytes(model: ir.Model) -> dict[str, int]:
+    """Bytes of the file's constant tensors (initializers and Constant nodes) by data type
+    (``{"INT8": ..., "FLOAT16": ..., "INT32": ...}``): what the file's size is made of."""
+    out: dict[str, int] = {}
+    consts = [*model.graph.initializers.values(),
+              *(n.outputs[0] for n in model.graph if n.op_type == "Constant" and n.outputs[0].const_value is not None)]
+    seen: set[str] = set()
+    for v in consts:
+        t = v.const_value
+        if t is None or v.name in seen:
+            continue
+        seen.add(v.name)
+        out[t.dtype.name] = out.get(t.dtype.name, 0) + int(t.nbytes)
+    return out
+
+
 def precision_summary(model: ir.Model) -> dict[str, float | int]:
-    """What the engine will run, from the file alone: the INT8 share of GEMM/Conv multiply-accumulates
-    and the bytes of FP16 and FP32 tensors (weights and activations of one run)."""
+    """What the engine will run, from the file alone: the INT8 share of GEMM/Conv multiply-accumulates,
+    the bytes of FP16 and FP32 tensors (weights and every activation of one run, summed: not a memory
+    peak) and the weights' bytes by data type (:func:`weight_bytes`)."""
     int8_macs = float_macs = 0
     for n in model.graph:
         if n.op_type not in ("MatMul", "Gemm", "Conv"):
@@ -329,4 +346,5 @@ def precision_summary(model: ir.Model) -> dict[str, float | int]:
             sizes[v.dtype] += int(np.prod(shape)) * (2 if v.dtype == _F16 else 4)
     total = int8_macs + float_macs
     return {"int8_gemm_macs_share": int8_macs / total if total else 0.0, "int8_gemm_macs": int8_macs,
-            "float_gemm_macs": float_macs, "fp16_bytes": sizes[_F16], "fp32_bytes": sizes[_F32]}
+            "float_gemm_macs": float_macs, "fp16_bytes": sizes[_F16], "fp32_bytes": sizes[_F32],
+            "weight_bytes": weight_bytes(model)}

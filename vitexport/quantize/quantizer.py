@@ -209,7 +209,8 @@ PV_GAIN = 1.2
 def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge, build: _Builder,
               report: QuantReport) -> tuple[ir.Model, QuantPlan, Verdict]:
     """attn·V in INT8 or float, decided for this model by one more verdict (the cheapest candidate: a few
-    per cent of the MACs, at the price of TensorRT's fused INT8 attention, which the report states)."""
+    per cent of the MACs, at the price of fused INT8 attention on a runtime that has it: the target's attention
+    line in the report says, :meth:`~vitexport.targets.base.Target.attention_note`)."""
     pv = _pv_nodes(model, plan)
     if not pv:
         return qdq, plan, first
@@ -217,12 +218,36 @@ def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, j
     trial_qdq = build(trial_plan)
     trial = judge(trial_qdq)
     e_int8, e_float = 1.0 - first.prediction.cosine_min, 1.0 - trial.prediction.cosine_min
-    keep_float = e_float * PV_GAIN <= e_int8 or (bool(trial) and not first)
-    report.notes.append(f"attn·V: predicted worst cosine {first.prediction.cosine_min:.5f} with it INT8, "
-                        f"{trial.prediction.cosine_min:.5f} in float: kept {'in float' if keep_float else 'INT8'}")
+    pays, rescues = e_float * PV_GAIN <= e_int8, bool(trial) and not first
+    keep_float = pays or rescues
+    report.notes.append(_pv_note(first, trial, pays, rescues, judge))
     if keep_float:
         return trial_qdq, trial_plan, trial
     return qdq, plan, first
+
+
+def _pv_note(first: Verdict, trial: Verdict, pays: bool, rescues: bool, judge: Judge) -> str:
+    """The attn·V choice and the rule that made it. Both verdicts predict the gate's figures on the
+    data the gate scores (its sample count; with labels, lost samples too): other parity data can
+    choose otherwise, which the line says."""
+    g = judge.gate
+    data = (f"predicted for the gate's {g.samples} parity sample(s)"
+            + (", labelled: lost samples (accuracy_drop) predicted too" if g.labelled else ", unlabelled"))
+    figures = (f"predicted worst cosine {first.prediction.cosine_min:.5f} with it INT8, "
+               f"{trial.prediction.cosine_min:.5f} in float")
+    gain = (1.0 - first.prediction.cosine_min) / max(1.0 - trial.prediction.cosine_min, 1e-12)
+    if pays or rescues:
+        why = "; ".join(
+            ([f"float divides the predicted error 1 − cos by {gain:.2f} (≥ {PV_GAIN}: worth the MACs)"] if pays else [])
+            + ([f"with it INT8 the prediction misses {', '.join(sorted(first.failing()))}, in float it meets every check"]
+               if rescues else []))
+    elif gain >= 1.0:
+        why = f"float would divide the predicted error 1 − cos by only {gain:.2f} (< {PV_GAIN})"
+    else:
+        why = f"float would raise the predicted error 1 − cos (×{1 / max(gain, 1e-12):.2f})"
+    kept = "in float" if rescues or pays else "INT8"
+    return (f"attn·V: kept {kept}: {figures}; {why}; {data}, "
+            "so other parity data can choose otherwise")
 
 
 #: one node goes float for a whole model when that alone divides its predicted worst-case error (1 − cos) by at
@@ -289,7 +314,7 @@ def _sensitive_pv(model: ir.Model, plan: QuantPlan, ranking: list[tuple[str, flo
 
 def attention_summary(model: ir.Model, annotated: QuantPlan, final: QuantPlan) -> dict[str, Any]:
     """How attention runs in the written file: Q·Kᵀ / attn·V MatMuls in INT8 out of those annotated,
-    and the share of GEMM MACs the float attn·V costs (TensorRT fuses INT8 attention only where both
+    and the share of GEMM MACs the float attn·V costs (a runtime fuses INT8 attention only where both
     batched MatMuls are INT8: a float attn·V there is a measured trade, reported)."""
     pv = set(_pv_nodes(model, annotated))
     att = [n for n in annotated.nodes if n.kind is NodeKind.attention]

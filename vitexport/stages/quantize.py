@@ -41,7 +41,8 @@ class QuantizeStage:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
         gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.labels)
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
-        notes = [*q.notes, *_predicted(q), *_attention(q), *_precision(q), ctx.target.arithmetic]
+        attention = ctx.target.attention_note(q.attention)
+        notes = [*q.notes, *_predicted(q), *([attention] if attention else []), *_precision(q, int8), ctx.target.arithmetic]
         # the scale table and what the target wrote from the scales (orin: calibration.cache) are
         # kept, hashed and resumed with the model
         written = [Path(p) for key, p in q.artifacts.items() if key != "model"]
@@ -49,7 +50,9 @@ class QuantizeStage:
         for write in self.artifacts:
             path = Path(write(int8, ctx.target))
             files[path.name] = path
-        return StageOutput(files=files, notes=notes, details={"quantize": q.to_dict()},
+        # where the artifact runs, for the report's summary (the report reads parity.json, not the target)
+        where = {"name": ctx.target.name, "engine": ctx.target.engine, "runs_on": ctx.target.where}
+        return StageOutput(files=files, notes=notes, details={"quantize": q.to_dict(), "target": where},
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
     def runner(self, ctx: RunContext, out: StageOutput):
@@ -59,31 +62,29 @@ class QuantizeStage:
         return OnnxRuntimeRunner(out.files[INT8_ONNX], name=self.name, config=ctx.target.gate_config)
 
 
-def _precision(q) -> list[str]:
-    """What the engine will run, read off the written file (no GPU needed to know it)."""
+def _size(n: int) -> str:
+    if n < 2**10:
+        return f"{n} B"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _precision(q, int8: Path) -> list[str]:
+    """What the engine will run and what the file holds, read off the written file (no GPU needed)."""
     p = q.precision
     if not p:
         return []
+    on_disk = sum(f.stat().st_size for f in model_files(int8).values())
+    weights = sorted((p.get("weight_bytes") or {}).items(), key=lambda kv: -kv[1])
+    names = {"FLOAT": "FP32", "FLOAT16": "FP16"}
+    line = (f"{int8.name}: {_size(on_disk)} on disk"
+            + (f" (constants: {', '.join(f'{_size(b)} {names.get(k, k)}' for k, b in weights if b)}; the rest is the graph)"
+               if weights else "")
+            + f"; the engine will run {p['int8_gemm_macs_share']:.1%} of GEMM/Conv multiply-accumulates in INT8 "
+            f"(the INT8 share); float parts written in {p['high_precision'].upper()}")
     islands = p.get("fp32_islands") or {}
-    line = (f"the engine will run {p['int8_gemm_macs_share']:.1%} of GEMM/Conv multiply-accumulates in INT8; "
-            f"float parts in {p['high_precision'].upper()}: {p['fp16_bytes'] / 2**20:.1f} MB of FP16 and "
-            f"{p['fp32_bytes'] / 2**20:.1f} MB of FP32 tensors")
     if islands:
         line += f"; {len(islands)} node(s) kept in FP32 ({'; '.join(f'{k}: {v}' for k, v in list(islands.items())[:3])})"
     return [line]
-
-
-def _attention(q) -> list[str]:
-    """Where attn·V runs: TensorRT fuses INT8 attention only where both batched MatMuls are INT8."""
-    a = q.attention
-    if not a or not a.get("pv"):
-        return []
-    if not a["pv_float"]:
-        return [f"attention: Q·Kᵀ INT8 in {a['qk_int8']}/{a['qk']} layer(s), attn·V INT8 in all {a['pv']} "
-                "(what TensorRT's fused INT8 attention needs)"]
-    return [f"attention: attn·V kept in float in {len(a['pv_float'])}/{a['pv']} layer(s) ({a['pv_float_macs_share']:.1%} of "
-            "quantized MACs): INT8 there cost the predicted worst case (the attn·V line above); TensorRT runs those "
-            "attentions unfused or in FP16: the accuracy-for-speed trade the fallback measured"]
 
 
 def _predicted(q) -> list[str]:
@@ -94,11 +95,11 @@ def _predicted(q) -> list[str]:
     top1 = m.get("top1_agreement_gated", m.get("top1_agreement"))
     line = (f"predicted from {q.selection}: the gate's worst cosine over {p['gate_samples']} sample(s) "
             f"≥ {p['cosine_min']:.6f} (the selection samples' own minimum {m['cosine_min']:.6f}"
-            + (f", top-1 (gated) {top1:.4f}" if top1 is not None else "")
+            + (f", gated top-1 {top1:.4f}" if top1 is not None else "")
             + (f"; expected top-1 flips {p['flip_rate'] * p['gate_samples']:.2f} of {p['gate_samples']} "
                f"(upper {(p.get('flip_rate_upper') or 0.0) * p['gate_samples']:.2f})" if p.get("flip_rate") is not None else "")
-            + f"); {'passes' if q.parity['passed'] else 'misses'} the budget; the gate below measures the written file "
-            "on the parity data")
+            + f"); {'passes' if q.parity['passed'] else 'misses'} the budget by this prediction; the gate then measures "
+            "the written file on the parity data (this stage's checks)")
     if q.float_fallback:
         line += f"; float layers: {', '.join(f['node'] for f in q.float_fallback)} ({q.float_macs_share:.1%} of MACs)"
     return [line]

@@ -105,6 +105,15 @@ class Target:
     max_insert_rank: ClassVar[int | None] = None
     #: the schema of the recipe's ``target_options:`` for this target
     Options: ClassVar[type[TargetOptions]] = TargetOptions
+    #: the runtime's name as a report writes it (``TensorRT``); empty: no named runtime. The report's
+    #: sentences about an engine come from the run's target, so no report names another target's engine
+    engine: ClassVar[str] = ""
+    #: where the artifact runs, one phrase for the report's summary (the ``description`` when empty)
+    runs_on: ClassVar[str] = ""
+    #: why attn·V in INT8 matters to this runtime, appended to the report's attention line (empty: say nothing)
+    attention_int8_why: ClassVar[str] = ""
+    #: what a float attn·V costs on this runtime, appended to the report's attention line (empty: say nothing)
+    attention_float_cost: ClassVar[str] = ""
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
@@ -193,6 +202,29 @@ class Target:
                   if self.high_precision() == "fp16" else "float parts in FP32")
         return ("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), "
                 f"{floats}: the arithmetic the {self.name} runtime performs")
+
+    def attention_note(self, summary: dict) -> str | None:
+        """One line for the report: how attention's batched MatMuls run in the written file.
+
+        Args:
+            summary: :func:`vitexport.quantize.quantizer.attention_summary` of the written plan.
+        Returns:
+            The line, with this runtime's reason or cost when it has one; None without attn·V.
+        """
+        if not summary or not summary.get("pv"):
+            return None
+        if not summary["pv_float"]:
+            line = (f"attention: Q·Kᵀ INT8 in {summary['qk_int8']}/{summary['qk']} layer(s), attn·V INT8 in all "
+                    f"{summary['pv']}")
+            return line + (f" ({self.attention_int8_why})" if self.attention_int8_why else "")
+        line = (f"attention: attn·V kept in float in {len(summary['pv_float'])}/{summary['pv']} layer(s) "
+                f"({summary['pv_float_macs_share']:.1%} of quantized MACs), as the attn·V line above decided")
+        return line + (f"; {self.attention_float_cost}" if self.attention_float_cost else "")
+
+    @property
+    def where(self) -> str:
+        """Where the artifact runs, for the report's summary."""
+        return self.runs_on or self.description or self.name
 
     # --- what the target adds to a run --------------------------------------------------------------
     def write_artifacts(self, work_dir: Path, scales: dict[str, float], method: str) -> dict[str, Path]:

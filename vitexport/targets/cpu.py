@@ -25,3 +25,5 @@ class CpuTarget(Target):
     dedicated_pairs = False
     int32_bias = True
     runs_in_onnxruntime = True
+    engine = "ONNX Runtime"
+    runs_on = "ONNX Runtime on an x86 CPU (its fused integer kernels)"

@@ -48,6 +48,7 @@ class NpuTarget(Target):
     force_per_tensor = True
     dedicated_pairs = False
     forbid_float16 = True
+    runs_on = "a generic edge NPU's runtime (per-tensor INT8, no float16)"
 
     def rules(self) -> NpuRules:
         return NpuRules()

@@ -84,6 +84,8 @@ class OpenVinoTarget(Target):
     description = "OpenVINO IR (model.xml/.bin), parity on OpenVINO's CPU plugin; Intel's NPU plugin compiles the same IR"
     force_symmetric = False  # the recipe's asymmetric_activations decides: u8 activations for OpenVINO's kernels
     dedicated_pairs = False
+    engine = "OpenVINO"
+    runs_on = "OpenVINO's CPU plugin (model.xml/.bin; Intel's NPU plugin compiles the same IR)"
 
     def contribution(self) -> Contribution:
         """The ``build_engine`` stage: the IR, gated on the CPU plugin."""

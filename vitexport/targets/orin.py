@@ -46,6 +46,10 @@ class OrinTarget(Target):
     parser: ClassVar[TensorRTParser] = TENSORRT_10_3
     #: build with --stronglyTyped (TensorRT ≥ 9): the file's types decide each layer's precision
     strongly_typed: ClassVar[bool] = True
+    engine = "TensorRT"
+    runs_on = "TensorRT 10 on a Jetson Orin GPU (the engine is built on the device: build_engine.sh)"
+    attention_int8_why = "what TensorRT's fused INT8 attention needs"
+    attention_float_cost = "TensorRT runs those attentions unfused or in FP16: the accuracy-for-speed trade measured"
 
     def high_precision(self) -> str:
         # A strongly typed build runs what the file says: FP16 float parts are what make INT8 pay.

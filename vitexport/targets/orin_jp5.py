@@ -22,3 +22,4 @@ class OrinJP5Target(OrinTarget):
     description = "Jetson Orin, TensorRT 8.5/8.6 (JetPack 5 / 6.0), no LayerNormalization op"
     parser = TENSORRT_8_6
     strongly_typed = False  # TensorRT 8.x has no --stronglyTyped
+    runs_on = "TensorRT 8.5/8.6 on a Jetson Orin GPU (the engine is built on the device: build_engine.sh)"

@@ -68,6 +68,14 @@ class Rk3588Target(Target):
     toolkit: ClassVar[str] = "rknn-toolkit2==2.5.0"
     #: ``RKNN.config`` beyond the platform (see the module docstring)
     rknn_config: ClassVar[dict[str, Any]] = {"remove_reshape": True}
+    engine = "RKNN"
+    runs_on = "the RK3588 NPU through RKNN (model.rknn, rknn-toolkit2 2.5.0; parity on its x86 simulator)"
+
+    @property
+    def arithmetic(self) -> str:
+        # the gate's float parts are FP32 while the NPU runs them in FP16: the simulate stage measures that
+        return ("INT8 parity: Q/DQ evaluated as float ops in ONNX Runtime (session.disable_quant_qdq), float parts "
+                "in FP32; the NPU runs its float parts in FP16, which the simulate stage measures on RKNN's simulator")
 
     def rules(self) -> RknnRules:
         return RknnRules()
