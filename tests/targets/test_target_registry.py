@@ -86,3 +86,10 @@ def test_a_target_refuses_a_recipe_it_cannot_run(tmp_path):
 
 def test_the_default_target_is_registered():
     assert DEFAULT_TARGET in TARGETS and load_recipe().target == DEFAULT_TARGET
+
+
+def test_unknown_target_option_names_the_set_and_the_nearest_option():
+    with pytest.raises(BadInput) as err:
+        load_target("rk3588", ["target_options.rout=rknn"])
+    msg = str(err.value)
+    assert "--set target_options.rout=rknn" in msg and "did you mean 'route'?" in msg

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..check.rules import RuntimeRules
 from ..check.violation import Violation
-from ..errors import BadInput
+from ..errors import BadInput, did_you_mean
 from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
 from ..recipe import Recipe
@@ -149,6 +149,7 @@ class Target:
             first = err.errors()[0]
             key = ".".join(["target_options", *(str(p) for p in first["loc"])])
             what = (f"unknown key (the {cls.name} target takes: {', '.join(cls.Options.model_fields) or 'none'})"
+                    + did_you_mean(str(first["loc"][-1]), cls.Options.model_fields)
                     if first["type"] == "extra_forbidden" else f"{first['msg']} (got {first.get('input')!r})")
             problems.append(f"{key}: {what}")
         return problems
