@@ -36,11 +36,13 @@ class _Parser(argparse.ArgumentParser):
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model for a target: passes, ONNX, simplify, INT8, engine script; parity after each stage."""
     from . import api
+    from .progress import Heartbeat
 
     arts = api.export(
         args.model, args.target, weights=args.weights, input_shape=args.input_shape, calib=args.calib,
         parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers,
         trust_pickle=args.trust_pickle, resume=not args.no_resume, log=lambda line: print(line, flush=True),
+        heartbeat=Heartbeat(live=sys.stdout.isatty()),  # a spinner on a terminal, a line every 10 s elsewhere
     )
     _print_summary(arts)
     return 0
@@ -213,6 +215,8 @@ def _fail(exc: BaseException, verbose: bool) -> int:
     if verbose and cause is not None and not (isinstance(cause, VitexportError) and cause is err):
         traceback.print_exception(cause, file=sys.stderr)
     print(f"vitexport: error: {msg}", file=sys.stderr)
+    if getattr(err, "verdict", ""):  # a failed gate: the last line names what must not ship
+        print(err.verdict, file=sys.stderr)
     return err.exit_code
 
 

@@ -40,7 +40,7 @@ from ..toolchains.rknn_routes import Route, rknn_input, route_quantization
 from .base import TargetOptions
 
 __all__ = ["CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
-           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "npu_report"]
+           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "SIMULATOR_STEPS", "npu_report"]
 
 
 class Rk3588Options(TargetOptions):
@@ -74,6 +74,8 @@ class RknnTarget(Protocol):
 
 
 RKNN_MODEL, RKNN_ONNX, RKNN_OUTPUTS, RKNN_LOG = "model.rknn", "model.rknn.onnx", "rknn_simulator.npz", "rknn.log"
+#: the worker's steps that run the simulator (``reply["stages"]``), timed for the simulate stage
+SIMULATOR_STEPS = ("init_runtime", "inference")
 #: the integer-input prefix (embedding lookups, mask casts) the host runs before ``model.rknn``
 HOST_ONNX = "host.onnx"
 
@@ -173,7 +175,10 @@ class CompileRknnStage:
         report = npu_report(res, route, layout)
         if host is not None:
             report["host"] = host.to_dict()
-        return StageOutput(files=files, notes=_notes(report), details={"runtime": report})
+        # the simulator ran in this call for the simulate stage: its time is that stage's
+        simulator_s = sum(res.stages.get(k, 0.0) for k in SIMULATOR_STEPS)
+        return StageOutput(files=files, notes=_notes(report), details={"runtime": report},
+                           later_work_s={StageName.simulate: simulator_s})
 
     @staticmethod
     def _keep(ctx: RunContext, work: Path, res: RknnResult, host: bool) -> dict[str, Path]:
@@ -216,8 +221,10 @@ class SimulateRknnStage:
     def run(self, ctx: RunContext) -> StageOutput:
         if RKNN_OUTPUTS not in ctx.files:
             raise BadInput(f"no {RKNN_OUTPUTS}: the simulate stage needs build_engine (stages.build_engine.enabled)")
-        return StageOutput(notes=["RKNN's x86 simulator (rknn-toolkit2, the model as built for the NPU), outputs "
-                                  "computed in the build's worker call on these parity inputs"])
+        # the files this gate judges: a failed simulator sets model.rknn aside with the outputs it gave
+        judged = {n: ctx.files[n] for n in (RKNN_MODEL, RKNN_OUTPUTS) if n in ctx.files}
+        return StageOutput(files=judged, notes=["RKNN's x86 simulator (rknn-toolkit2, the model as built for the NPU), "
+                                                "outputs computed in the build's worker call on these parity inputs"])
 
     def runner(self, ctx: RunContext, out: StageOutput) -> RecordedRunner:
         return RecordedRunner(ctx.files[RKNN_OUTPUTS], name=self.name)
