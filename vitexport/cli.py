@@ -1,6 +1,7 @@
 """The ``vitexport`` command: parse arguments, call :mod:`vitexport.api`, print, return an exit code.
 
-Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named); 2 bad input
+Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named; its artifacts are
+moved into ``OUT/rejected/`` and the last line, ``REJECTED: ...``, says they must not ship); 2 bad input
 (usage, recipe, data, model, an exception from the user's model code, not enough memory); 3 an
 internal error (its traceback in ``OUT/error.log``). Every error is one line on stderr; ``-v``
 adds the traceback. Warnings are one line each too.
@@ -215,8 +216,8 @@ def _fail(exc: BaseException, verbose: bool) -> int:
     if verbose and cause is not None and not (isinstance(cause, VitexportError) and cause is err):
         traceback.print_exception(cause, file=sys.stderr)
     print(f"vitexport: error: {msg}", file=sys.stderr)
-    if getattr(err, "verdict", ""):  # a failed gate: the last line names what must not ship
-        print(err.verdict, file=sys.stderr)
+    if getattr(err, "verdict", ""):  # a failed gate: the last line (stdout: the error stays one line) names what must not ship
+        print(err.verdict, flush=True)
     return err.exit_code
 
 
