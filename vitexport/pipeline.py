@@ -8,7 +8,16 @@ rk3588: build_engine → model.rknn, simulate on RKNN's simulator; openvino: bui
 The loop alone owns timing, peak memory, parity gating, failure and resume. Every artifact is
 written atomically. After each stage the run's state (stage → content key, artifact hashes, parity
 result) is saved, so a run that was killed resumes from the last finished stage: a stage whose key
-(a hash of everything it consumes) and artifacts are unchanged is not run again.
+(a hash of everything it consumes) and artifacts are unchanged is not run again; its line says
+``resumed from OUT (took 4.20 s on 2026-12-05 17:20 UTC)``, and it is gated again when this run's
+tolerance is not the recorded one.
+
+A failed gate leaves nothing that looks shippable: the failed stage's artifacts, and those later
+stages left in OUT from an earlier run, are moved into ``OUT/rejected/`` (with a README saying why);
+the manifest says ``"status": "rejected"`` with the gate, its value and its threshold. A re-run into
+the same folder resumes from ``rejected/`` (moving the files back to be judged again), and a run
+that passes removes it. A long stage says every 10 s that it is still running
+(:class:`~vitexport.progress.Heartbeat`).
 """
 from __future__ import annotations
 
@@ -106,12 +115,15 @@ class _State:
     def __init__(self, out_dir: Path, load: bool = True):
         self.out_dir = out_dir
         self.path = out_dir / STATE_FILE
-        self.data: dict = {}
-        if load and self.path.is_file():
+        earlier: dict = {}
+        if self.path.is_file():
             try:
-                self.data = json.loads(self.path.read_text())
+                earlier = json.loads(self.path.read_text())
             except (OSError, json.JSONDecodeError):
-                self.data = {}  # a damaged record only costs a full run
+                earlier = {}  # a damaged record only costs a full run
+        self.data: dict = earlier if load else {}
+        #: the record as this run found it, even with resume off: which files an earlier run's later stages left
+        self.earlier: dict = earlier
 
     def lookup(self, stage: str, key: str | None) -> _Found | None:
         """The recorded result and files of ``stage`` when its key and every artifact still match.
@@ -140,8 +152,9 @@ class _State:
         return None
 
     def artifacts(self, stage: str) -> list[str]:
-        """The names of the files recorded for ``stage`` (none when it has no record)."""
-        return list(self.data.get(stage, {}).get("artifacts", {}))
+        """The names of the files recorded for ``stage`` by this run or, failing that, an earlier one."""
+        rec = self.data.get(stage) or self.earlier.get(stage) or {}
+        return list(rec.get("artifacts", {})) if isinstance(rec, dict) else []
 
     def record(self, stage: str, key: str, files: dict[str, Path], result: StageResult,
                finished: str | None = None) -> None:
@@ -402,7 +415,9 @@ def _stage_line(res: StageResult, peak: int | None = None, resumed: str | None =
     extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
              if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
-    when = f"resumed from OUT ({resumed})" if resumed else f"({res.seconds:.2f}s{f', peak {_gb(peak)}' if peak else ''})"
+    # a parity check of a second or more is said: the wait a heartbeat line counted includes it
+    check = f" + check {res.parity_seconds:.2f}s" if res.parity_seconds >= 1.0 else ""
+    when = f"resumed from OUT ({resumed})" if resumed else f"({res.seconds:.2f}s{check}{f', peak {_gb(peak)}' if peak else ''})"
     return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} {when}"
 
 

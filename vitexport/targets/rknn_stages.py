@@ -3,7 +3,8 @@
 
 RKNN's simulator runs a model only inside the process that built it, so one worker call compiles the
 model and runs the simulator on every parity input; the two stages split that call's results so the
-pipeline loop gates each on its own:
+pipeline loop gates (and times) each on its own: the simulator's steps of that call count as
+``simulate``'s time (``StageOutput.later_work_s``), the rest as ``build_engine``'s:
 
 - ``build_engine``: the ONNX file RKNN compiled (``model.rknn.onnx``: the route's layout of the Q/DQ or
   float file, :mod:`vitexport.toolchains.rknn_routes`) is gated in ONNX Runtime (the layout keeps
