@@ -321,7 +321,8 @@ def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: 
 def _execute(stage: Stage, ctx: RunContext, beat: Heartbeat, log: Callable[[str], None]) -> tuple[StageResult, dict[str, Path]]:
     """Run a stage's work (timed, a heartbeat while it runs), then its parity check against the golden reference."""
     _log.debug("stage %s (resident %s)", stage.name, _gb(resident_bytes()))
-    with beat.track(stage.name, log):
+    with beat.track(stage.name, log) as doing:
+        ctx.say = doing.say
         t0 = time.perf_counter()
         out = stage.run(ctx)
         seconds = _own_seconds(stage, ctx, out, time.perf_counter() - t0)

@@ -157,6 +157,8 @@ class RunContext:
         files: artifacts so far, name → path (the run's ``Artifacts.files``).
         work_done_s: seconds earlier stages spent on a later stage's work (``StageOutput.later_work_s``),
             added to that stage's time by the loop.
+        say: tells the running stage's heartbeat what it is doing now (``"rknn-toolkit2: build"``),
+            shown on its next "still running" line; set by the loop for each stage.
     """
 
     model: LoadedModel
@@ -172,6 +174,7 @@ class RunContext:
     owned: bool = False
     files: dict[str, Path] = field(default_factory=dict)
     work_done_s: dict[str, float] = field(default_factory=dict)
+    say: Callable[[str], None] = lambda doing: None
 
     @property
     def recipe(self) -> Recipe:

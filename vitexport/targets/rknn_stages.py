@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
 from pydantic import Field
@@ -89,12 +89,12 @@ def _refuse_hazards(onnx_path: Path, route: str) -> None:
                        + (f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else ""))
 
 
-def _compile(req: RknnRequest, work: Path, out_dir: Path, timeout_s: float) -> RknnResult:
+def _compile(req: RknnRequest, work: Path, out_dir: Path, timeout_s: float, on_step: Callable[[str], None]) -> RknnResult:
     """:func:`run_rknn`, RKNN's log copied beside the artifacts (and, when the compile fails, where it
     outlives the run's folder, which a failed run removes)."""
     log = work / RKNN_LOG
     try:
-        return run_rknn(req, work, timeout_s=timeout_s)
+        return run_rknn(req, work, timeout_s=timeout_s, on_step=on_step)
     except BadInput as err:
         kept = Path(tempfile.gettempdir()) / f"vitexport-{out_dir.name}-{RKNN_LOG}"
         if log.is_file():
@@ -171,7 +171,7 @@ class CompileRknnStage:
             req = RknnRequest(onnx=npu_onnx, platform=t.platform, config=t.rknn_config, rknn=work / RKNN_MODEL,
                               quantization=route_quantization(route, [to_npu(f) for f in calib], ctx.out_dir / "calibration.json"),
                               inputs=[to_npu(f) for f in ctx.reference.feeds])
-            res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s)
+            res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
             files = self._keep(ctx, work, res, host is not None)
         report = npu_report(res, route, layout)
         if host is not None:
