@@ -3,7 +3,9 @@ resume, failure, and the stages a target contributes."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -11,11 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+from cli_helpers import run_cli
 from vitexport.api import prepare
-from vitexport.runners import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from vitexport.runners import QDQ_AS_FLOAT, OnnxRuntimeRunner, TorchRunner
 from vitexport.errors import ParityFailure
 from vitexport.io import sha256_file
-from vitexport.pipeline import STATE_FILE, run_pipeline
+from vitexport.pipeline import REJECTED_DIR, STATE_FILE, run_pipeline
+from vitexport.progress import Heartbeat
 from vitexport.recipe import Recipe, StageName
 from vitexport.stages import INT8_ONNX, Contribution, RunContext, StageOutput, pipeline_stages
 from vitexport.targets import Target
@@ -86,11 +90,18 @@ def test_rerun_resumes_keyed_stages_and_reruns_what_changed(tiny_vit_file, tmp_p
     digests = {n: sha256_file(out / n) for n in ("model.raw.onnx", "model.fp32.onnx", INT8_ONNX, "build_engine.sh")}
     assert first.resumed == [] and set(json.loads((out / STATE_FILE).read_text())) == set(KEYED)
 
-    _, _, again = _run(tiny_vit_file, out)
+    lines: list[str] = []
+    _, _, again = _run(tiny_vit_file, out, log=lines.append)
     assert again.passed and again.resumed == KEYED
     assert {n: sha256_file(out / n) for n in digests} == digests
     assert all("resumed:" in s["notes"][-1] for name, s in _stages(out).items() if name in KEYED)
-    assert json.loads((out / "manifest.json").read_text())["resumed_stages"] == KEYED
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed_stages"] == KEYED
+    # each resumed stage says so on its line, with the time its first run took
+    for name in KEYED:
+        line = next(l for l in lines if l.split()[1] == name)
+        assert f"resumed from OUT (took {first.stage_seconds[name]:.2f} s on " in line, line
+        assert manifest["stages"][name]["resumed_from"] and manifest["stages"][name]["seconds"] == round(first.stage_seconds[name], 4)
 
     (out / "model.fp32.onnx").write_bytes(b"damaged")
     _, _, repaired = _run(tiny_vit_file, out)
@@ -103,8 +114,14 @@ def test_rerun_resumes_keyed_stages_and_reruns_what_changed(tiny_vit_file, tmp_p
     _, _, fresh = _run(tiny_vit_file, out, resume=False)
     assert fresh.resumed == [] and sha256_file(out / "model.fp32.onnx") == digests["model.fp32.onnx"]
 
+    # a stricter simplify gate: the Q/DQ model an earlier run left behind is set aside with it
+    with pytest.raises(ParityFailure):
+        _run(tiny_vit_file, out, overrides=("parity.simplify.cosine_min=1.5",))
+    assert not (out / INT8_ONNX).exists() and not (out / "build_engine.sh").exists()
+    assert {INT8_ONNX, "build_engine.sh", "model.fp32.onnx"} <= {p.name for p in (out / REJECTED_DIR).iterdir()}
 
-def test_a_failed_gate_raises_with_stage_and_metric_after_writing_reports(tiny_vit_file, tmp_path):
+
+def test_a_failed_gate_sets_its_artifact_aside_and_a_passing_rerun_takes_it_back(tiny_vit_file, tmp_path):
     out = tmp_path / "o"
     with pytest.raises(ParityFailure) as exc:
         _run(tiny_vit_file, out, overrides=("parity.simplify.cosine_min=1.5",))  # a cosine never reaches 1.5
@@ -112,9 +129,29 @@ def test_a_failed_gate_raises_with_stage_and_metric_after_writing_reports(tiny_v
     doc = json.loads((out / "parity.json").read_text())
     assert doc["passed"] is False and doc["failed_stage"] == "simplify" and doc["failed_metric"] == "cosine_min"
     assert [s["stage"] for s in doc["stages"]][-2:] == ["export_onnx", "simplify"]  # nothing ran after it
-    assert not (out / INT8_ONNX).exists()
+    # the file that failed is set aside (its name in OUT never holds a rejected model); export's stays
+    assert not (out / INT8_ONNX).exists() and not (out / "model.fp32.onnx").exists()
+    assert (out / REJECTED_DIR / "model.fp32.onnx").is_file() and (out / "model.raw.onnx").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["passed"] is False and "model.fp32.onnx" in manifest["artifacts"]
+    assert manifest["passed"] is False and manifest["status"] == "rejected"
+    rejected = manifest["rejected"]
+    assert (rejected["stage"], rejected["metric"], rejected["op"], rejected["limit"]) == ("simplify", "cosine_min", ">=", 1.5)
+    assert rejected["value"] < 1.5 and rejected["files"] == ["rejected/model.fp32.onnx"]
+    assert "rejected/model.fp32.onnx" in manifest["artifacts"] and "model.fp32.onnx" not in manifest["artifacts"]
+    assert exc.value.rejected == [out / REJECTED_DIR / "model.fp32.onnx"]
+    assert re.fullmatch(r"REJECTED: simplify failed its gate \(cosine_min [0-9.]+ < 1\.5\): model\.fp32\.onnx must not "
+                        r"ship \(moved to .*rejected/\); see .*parity\.md", exc.value.verdict), exc.value.verdict
+    assert exc.value.verdict in (out / REJECTED_DIR / "README.txt").read_text()
+
+    # the recipe's own tolerance in the same folder: simplify is resumed from rejected/, gated again,
+    # passes, and nothing is left set aside
+    lines: list[str] = []
+    _, _, again = _run(tiny_vit_file, out, log=lines.append)
+    assert again.passed and StageName.simplify in again.resumed
+    assert (out / "model.fp32.onnx").is_file() and (out / INT8_ONNX).is_file() and not (out / REJECTED_DIR).exists()
+    assert "gated again with this run's tolerance" in next(l for l in lines if l.split()[1] == "simplify")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "passed" and manifest["rejected"] is None
 
 
 class _FloatQdqEngine:
@@ -198,3 +235,75 @@ def test_an_outlier_planted_in_the_parity_data_does_not_change_the_fallbacks_cho
     clean = chosen(lambda p: p)
     assert clean, "the strict budget should make the fallback keep layers in float"
     assert chosen(planted) == clean
+
+
+class _Sleeper:
+    """A stage whose work sleeps, part of it for the next stage (a worker call that runs both, as
+    rk3588's compile runs the simulator); its check runs the untouched model (exact)."""
+
+    name: ClassVar[StageName] = StageName.build_engine
+    needs_torch: ClassVar[bool] = True
+
+    def __init__(self, sleep_s: float, for_next_s: float):
+        self.sleep_s, self.for_next_s = sleep_s, for_next_s
+
+    def enabled(self, recipe: Recipe) -> bool:
+        return True
+
+    def key(self, ctx: RunContext) -> None:
+        return None
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        time.sleep(self.sleep_s)
+        return StageOutput(later_work_s={StageName.simulate: self.for_next_s} if self.for_next_s else {})
+
+    def runner(self, ctx: RunContext, out: StageOutput):
+        return TorchRunner(ctx.model.module, ctx.model.example_inputs, name=self.name)
+
+
+class _Judge(_Sleeper):
+    name: ClassVar[StageName] = StageName.simulate
+
+
+def test_a_long_stage_beats_and_work_done_for_a_later_stage_is_timed_there(tiny_vit_file, tmp_path):
+    """A line every ``every_s`` while a stage runs; seconds a stage spent on the next stage's work
+    (``later_work_s``) are moved to that stage, so that a stage run inside another's call has a time."""
+    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    lines: list[str] = []
+    arts = run_pipeline(model, target, tmp_path, calib=calib, parity_data=parity, log=lines.append,
+                        stages=[_Sleeper(2.6, for_next_s=2.0), _Judge(0.0, 0.0)], heartbeat=Heartbeat(every_s=1.0))
+    assert arts.passed
+    beats = [l for l in lines if l.startswith("build_engine: still running, ")]
+    assert len(beats) >= 2 and beats[0] == "build_engine: still running, 1 s", lines
+    assert lines.index(beats[-1]) < next(i for i, l in enumerate(lines) if l.split()[1] == "build_engine")  # all before its line
+    assert not any(l.startswith("simulate: still running") for l in lines)  # a short stage: no line
+    assert 0.6 <= arts.stage_seconds["build_engine"] < 2.0 and arts.stage_seconds["simulate"] >= 2.0
+    assert "(2." in next(l for l in lines if l.split()[1] == "simulate")  # its printed time is the moved one
+
+
+@pytest.mark.slow
+def test_the_cli_sets_a_failed_int8_model_aside_and_a_rerun_says_what_it_resumed(tiny_vit_file, tmp_path):
+    """What a user sees: exit 1 leaves no model.int8.onnx in OUT and ends with a REJECTED line; a
+    passing re-run into the same folder says "resumed" for each stage it took from the first run,
+    with that run's times, and moves nothing aside."""
+    out, model = tmp_path / "o", f"python:{tiny_vit_file}:build_with_inputs"
+    sets = [a for kv in FAST for a in ("--set", kv)]
+    strict = ["--set", "parity.quantize_int8.cosine_min=0.99999999", "--set", "quantization.fallback.enabled=false"]
+    first = run_cli("export", "--model", model, "--target", "cpu", "--out", str(out), *sets, *strict)
+    assert first.returncode == 1, first.stderr
+    last = first.stdout.strip().splitlines()[-1]
+    assert last.startswith("REJECTED: quantize_int8 failed its gate (cosine_min ") and "model.int8.onnx" in last
+    assert "must not ship" in last and len(first.stderr.strip().splitlines()) == 1  # the error stays one line
+    assert not (out / INT8_ONNX).exists() and (out / REJECTED_DIR / INT8_ONNX).is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "rejected" and manifest["rejected"]["stage"] == "quantize_int8"
+    assert manifest["rejected"]["limit"] == 0.99999999 and manifest["rejected"]["value"] < 0.99999999
+
+    times = dict(re.findall(r"^\[pass\] (export_onnx|simplify) .* \((\d+\.\d\d)s", first.stdout, re.M))
+    again = run_cli("export", "--model", model, "--target", "cpu", "--out", str(out), *sets)
+    assert again.returncode == 0, again.stderr
+    for stage in ("export_onnx", "simplify"):
+        assert re.search(rf"^\[pass\] {stage} .* resumed from OUT \(took {times[stage]} s on \d{{4}}-\d\d-\d\d ",
+                         again.stdout, re.M), again.stdout
+    assert (out / INT8_ONNX).is_file() and not (out / REJECTED_DIR).exists()
+    assert json.loads((out / "manifest.json").read_text())["status"] == "passed"

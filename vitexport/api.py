@@ -15,6 +15,7 @@ from .parity import compare_models, render_reports
 from .pipeline import Artifacts, run_pipeline
 from .runners import feed_size
 from .preflight import check_model, check_output_folder, run_needs
+from .progress import Heartbeat
 from .recipe import StageName, parse_stage
 from .sources import LoadedModel, load_model
 from .targets import Target, load_recipe, load_target, registered_targets
@@ -129,6 +130,7 @@ def export(
     trust_pickle: bool = False,
     resume: bool = True,
     log: Callable[[str], None] = lambda s: None,
+    heartbeat: Heartbeat | None = None,
 ) -> Artifacts:
     """Export a model for a target, gating every stage with parity.
 
@@ -144,14 +146,17 @@ def export(
         layers: per-layer localisation of the INT8 error.
         trust_pickle: allow a pickle checkpoint that runs code when loaded.
         resume: reuse stages of an earlier, interrupted run in the same folder.
-        log: called with one line per finished stage.
+        log: called with one line per finished stage (and "still running" lines during a long one).
+        heartbeat: how a long stage shows it is alive (:class:`~vitexport.progress.Heartbeat`);
+            default a line through ``log`` every 10 s.
     Returns:
         :class:`~vitexport.pipeline.Artifacts`.
     Raises:
         BadInput: bad input of any kind (exit code 2), including :class:`~vitexport.errors.UserCodeError`
             (the user's model code raised) and :class:`~vitexport.errors.ResourceLimit` (it cannot fit in
             memory); nothing new is left behind.
-        ParityFailure: a stage missed its tolerance (exit code 1); reports are written.
+        ParityFailure: a stage missed its tolerance (exit code 1); reports are written, the failed
+            artifacts are moved into ``OUT/rejected/`` (``err.rejected``; ``err.verdict`` says so in a line).
         InternalError: a bug in vitexport (exit code 3); the traceback is in ``OUT/error.log``.
     """
     where: dict = {"out": None, "existed": True}
@@ -168,7 +173,7 @@ def export(
             where["existed"] = where["out"].exists()
         out_dir: Path = where["out"]
         return run_pipeline(model, run_target, out_dir, calib=calib_set, parity_data=parity_set,
-                            data_note="; ".join(notes), layers=layers, resume=resume, log=log,
+                            data_note="; ".join(notes), layers=layers, resume=resume, log=log, heartbeat=heartbeat,
                             keep_source=layers)  # the model was loaded for this run: the pipeline may consume it
     except ParityFailure:
         raise  # reports are written: the folder stays

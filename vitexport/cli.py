@@ -1,6 +1,7 @@
 """The ``vitexport`` command: parse arguments, call :mod:`vitexport.api`, print, return an exit code.
 
-Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named); 2 bad input
+Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named; its artifacts are
+moved into ``OUT/rejected/`` and the last line, ``REJECTED: ...``, says they must not ship); 2 bad input
 (usage, recipe, data, model, an exception from the user's model code, not enough memory); 3 an
 internal error (its traceback in ``OUT/error.log``). Every error is one line on stderr; ``-v``
 adds the traceback. Warnings are one line each too.
@@ -36,11 +37,13 @@ class _Parser(argparse.ArgumentParser):
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model for a target: passes, ONNX, simplify, INT8, engine script; parity after each stage."""
     from . import api
+    from .progress import Heartbeat
 
     arts = api.export(
         args.model, args.target, weights=args.weights, input_shape=args.input_shape, calib=args.calib,
         parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers,
         trust_pickle=args.trust_pickle, resume=not args.no_resume, log=lambda line: print(line, flush=True),
+        heartbeat=Heartbeat(live=sys.stdout.isatty()),  # a spinner on a terminal, a line every 10 s elsewhere
     )
     _print_summary(arts)
     return 0
@@ -219,6 +222,8 @@ def _fail(exc: BaseException, verbose: bool) -> int:
     if verbose and cause is not None and not (isinstance(cause, VitexportError) and cause is err):
         traceback.print_exception(cause, file=sys.stderr)
     print(f"vitexport: error: {msg}", file=sys.stderr)
+    if getattr(err, "verdict", ""):  # a failed gate: the last line (stdout: the error stays one line) names what must not ship
+        print(err.verdict, flush=True)
     return err.exit_code
 
 

@@ -118,6 +118,9 @@ class ParityFailure(VitexportError):
     def __init__(self, stage: str, metric: str, value: float, limit: float, op: str, advice: str = ""):
         self.stage, self.metric, self.value, self.limit, self.op = stage, metric, value, limit, op
         self.advice = advice  # what to try (vitexport.parity.advice), after the numbers
+        #: the artifacts the pipeline moved into OUT/rejected/, and the run's last line saying they must not ship
+        self.rejected: list[Path] = []
+        self.verdict = ""
         super().__init__(
             f"parity gate failed at stage '{stage}': {metric}={value:.6g} (must be {op} {limit:.6g})"
             + (f"; {advice}" if advice else "")
@@ -125,7 +128,9 @@ class ParityFailure(VitexportError):
 
     def with_advice(self, advice: str) -> "ParityFailure":
         """The same failure, its message ending with ``advice``."""
-        return ParityFailure(self.stage, self.metric, self.value, self.limit, self.op, advice)
+        err = ParityFailure(self.stage, self.metric, self.value, self.limit, self.op, advice)
+        err.rejected, err.verdict = self.rejected, self.verdict
+        return err
 
 
 class ArtifactWriteError(VitexportError):

@@ -8,16 +8,28 @@ rk3588: build_engine → model.rknn, simulate on RKNN's simulator; openvino: bui
 The loop alone owns timing, peak memory, parity gating, failure and resume. Every artifact is
 written atomically. After each stage the run's state (stage → content key, artifact hashes, parity
 result) is saved, so a run that was killed resumes from the last finished stage: a stage whose key
-(a hash of everything it consumes) and artifacts are unchanged is not run again.
+(a hash of everything it consumes) and artifacts are unchanged is not run again; its line says
+``resumed from OUT (took 4.20 s on 2026-12-05 17:20 UTC)``, and it is gated again when this run's
+tolerance is not the recorded one.
+
+A failed gate leaves nothing that looks shippable: the failed stage's artifacts, and those later
+stages left in OUT from an earlier run, are moved into ``OUT/rejected/`` (with a README saying why);
+the manifest says ``"status": "rejected"`` with the gate, its value and its threshold. A re-run into
+the same folder resumes from ``rejected/`` (moving the files back to be judged again), and a run
+that passes removes it. A long stage says every 10 s that it is still running
+(:class:`~vitexport.progress.Heartbeat`).
 """
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import logging
+import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -29,23 +41,28 @@ import torch
 from . import __version__
 from .calibration import SampleSet
 from .calibration.sanity import DataCheck, check_data
+from .errors import ParityFailure
 from .io import atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.advice import failure_advice
 from .parity.stage import mark_vacuous
+from .progress import Heartbeat
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .runners import TorchRunner, feed_size
 from .sources import LoadedModel
-from .stages import RunContext, Stage, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
+from .stages import RunContext, Stage, StageOutput, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
 from .targets import Target
 
 _log = logging.getLogger("vitexport.pipeline")
 
-__all__ = ["Artifacts", "run_pipeline", "PASS_STAGES", "STAGE_NAMES", "STATE_FILE"]
+__all__ = ["Artifacts", "run_pipeline", "PASS_STAGES", "STAGE_NAMES", "STATE_FILE", "REJECTED_DIR"]
 
 STATE_FILE = ".vitexport-state.json"
-_RESUMED_NOTE = "resumed: artifacts of an earlier run with the same content key"
+#: where a failed gate's artifacts (and any later stage's, from an earlier run) are moved: a folder
+#: rather than renamed files, so that a model's external ``.data`` file and ``build_engine.sh``'s
+#: relative paths still work for whoever inspects them, and OUT's top level holds only what passed
+REJECTED_DIR = "rejected"
 
 
 @dataclass
@@ -60,6 +77,8 @@ class Artifacts:
     #: reference capture under ``"reference"``; see :mod:`vitexport.memory`
     stage_peak_bytes: dict[str, int] = field(default_factory=dict)
     resumed: list[StageName] = field(default_factory=list)
+    #: when each resumed stage's recorded run finished (UTC, ISO 8601; "" when the record is older)
+    resumed_from: dict[StageName, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -82,38 +101,79 @@ def _unmasked(reference: GoldenReference) -> np.ndarray | None:
     return np.broadcast_to(m.reshape(m.shape + (1,) * (out.ndim - m.ndim)), out.shape)
 
 
+@dataclass
+class _Found:
+    """A stage's record that still matches: its result, its files, and when it ran."""
+
+    result: StageResult
+    files: dict[str, Path]
+    finished: str | None
+
+
 class _State:
-    """The resume record: stage name → {key, artifacts {name: sha256}, result}."""
+    """The resume record: stage name → {key, artifacts {name: sha256}, result, finished (UTC, ISO)}."""
 
     def __init__(self, out_dir: Path, load: bool = True):
         self.out_dir = out_dir
         self.path = out_dir / STATE_FILE
-        self.data: dict = {}
-        if load and self.path.is_file():
+        earlier: dict = {}
+        if self.path.is_file():
             try:
-                self.data = json.loads(self.path.read_text())
+                earlier = json.loads(self.path.read_text())
             except (OSError, json.JSONDecodeError):
-                self.data = {}  # a damaged record only costs a full run
+                earlier = {}  # a damaged record only costs a full run
+        self.data: dict = earlier if load else {}
+        #: the record as this run found it, even with resume off: which files an earlier run's later stages left
+        self.earlier: dict = earlier
 
-    def lookup(self, stage: str, key: str | None) -> tuple[StageResult, dict[str, Path]] | None:
-        """The recorded result and files of ``stage`` when its key and every artifact still match."""
+    def lookup(self, stage: str, key: str | None) -> _Found | None:
+        """The recorded result and files of ``stage`` when its key and every artifact still match.
+        Artifacts an earlier failed run set aside in ``rejected/`` count, and are moved back: the
+        loop gates them again with this run's tolerance."""
         rec = self.data.get(stage)
         if key is None or not rec or rec.get("key") != key:
             return None
-        files = {name: self.out_dir / name for name in rec.get("artifacts", {})}
-        if any(not p.is_file() or sha256_file(p) != rec["artifacts"][n] for n, p in files.items()):
+        found = {name: self._find(name, digest) for name, digest in rec.get("artifacts", {}).items()}
+        if any(p is None for p in found.values()):
             return None
         try:
             res = StageResult.from_dict(rec["result"])
         except (ValueError, KeyError, TypeError):
             return None  # written by another version: run the stage again
-        res.notes = [*res.notes, _RESUMED_NOTE]
-        return res, files
+        files = {name: self.out_dir / name for name in found}
+        for name, path in found.items():
+            if path != files[name]:
+                os.replace(path, files[name])  # un-rejected: this run judges it again
+        return _Found(res, files, rec.get("finished"))
 
-    def record(self, stage: str, key: str, files: dict[str, Path], result: StageResult) -> None:
+    def _find(self, name: str, digest: str) -> Path | None:
+        for path in (self.out_dir / name, self.out_dir / REJECTED_DIR / name):
+            if path.is_file() and sha256_file(path) == digest:
+                return path
+        return None
+
+    def artifacts(self, stage: str) -> list[str]:
+        """The names of the files recorded for ``stage`` by this run or, failing that, an earlier one."""
+        rec = self.data.get(stage) or self.earlier.get(stage) or {}
+        return list(rec.get("artifacts", {})) if isinstance(rec, dict) else []
+
+    def record(self, stage: str, key: str, files: dict[str, Path], result: StageResult,
+               finished: str | None = None) -> None:
         self.data[stage] = {"key": key, "artifacts": {n: sha256_file(p) for n, p in files.items()},
-                            "result": result.to_dict()}
+                            "result": result.to_dict(), "finished": finished or _now()}
         atomic_write_json(self.path, self.data)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _when(finished: str | None) -> str:
+    """A record's finishing time as the terminal shows it (``2026-12-05 17:20 UTC``)."""
+    try:
+        return datetime.fromisoformat(finished).strftime("%Y-%m-%d %H:%M UTC") if finished else "an earlier run"
+    except ValueError:
+        return "an earlier run"
 
 
 def run_pipeline(
@@ -129,6 +189,7 @@ def run_pipeline(
     keep_source: bool = True,
     log: Callable[[str], None] = lambda s: None,
     stages: Sequence[Stage] | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> Artifacts:
     """Run every enabled stage, gate each with parity, write reports and the manifest.
 
@@ -142,12 +203,17 @@ def run_pipeline(
         resume: reuse finished stages whose content keys match.
         keep_source: False hands the model over: the passes rewrite ``model.module`` in place and it is
             released (None) after the export, so the ONNX stages run without a torch copy of the weights.
-        log: receives one line per stage.
+        log: receives one line per stage (a resumed one says so, with its recorded time), and the
+            heartbeat's "still running" lines during a long stage.
         stages: default :func:`vitexport.stages.pipeline_stages` (the core ones, the target's).
+        heartbeat: how a long stage shows it is alive; default a line through ``log`` every 10 s.
     Returns:
         :class:`Artifacts`; ``artifacts.passed`` is the verdict.
     Raises:
-        ParityFailure: a stage missed its tolerance (reports are written first).
+        ParityFailure: a stage missed its tolerance (reports are written first); the failed stage's
+            artifacts, and any later stage's from an earlier run, are moved into ``OUT/rejected/``
+            (the exception's ``rejected`` and ``verdict`` say which) and the manifest says
+            ``"status": "rejected"``.
         BadInput / ContractViolation: from the stages.
     """
     if layers and not keep_source:
@@ -156,7 +222,9 @@ def run_pipeline(
     stages = list(stages) if stages is not None else pipeline_stages(target)
     data_check = check_data(calib, parity_data)  # warns, before the long work, when the two sets differ
     arts, meter, state = Artifacts(out_dir), PeakMeter(), _State(out_dir, load=resume)
-    ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
+    beat = heartbeat or Heartbeat()
+    with beat.track("reference", log):
+        ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])
     _note_data_check(run, data_check, log)
@@ -166,7 +234,7 @@ def run_pipeline(
             run.skipped.append(stage.name)
             continue
         try:
-            res = _resume_or_run(stage, ctx, state, arts)
+            res, files, resumed = _resume_or_run(stage, ctx, state, arts, beat, log)
         except StageSkipped as why:
             run.notes.append(f"{stage.name}: {why}")
             continue
@@ -174,13 +242,15 @@ def run_pipeline(
             ctx.release_torch()  # past the last torch stage: the ONNX work runs without the weights
         _record_peak(arts, stage.name, meter.lap())
         arts.stage_seconds[stage.name] = res.seconds
-        log(_stage_line(res, arts.stage_peak_bytes.get(stage.name)))
+        log(_stage_line(res, arts.stage_peak_bytes.get(stage.name), resumed))
         if not run.add(res):
             advice = failure_advice(res.stage, res.failed_check, recipe, calib_samples=len(calib),
                                     labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels))
             run.notes.append(f"{res.stage} failed its gate; {advice}")
-            _write_outputs(arts, run, recipe, model)
-            raise res.failure().with_advice(advice)
+            moved = _reject(arts, state, res, files, [s.name for s in stages[i + 1:]])
+            _write_outputs(arts, run, recipe, model, _rejection(res, moved))
+            raise _rejected_failure(res, advice, moved, out_dir)
+    shutil.rmtree(out_dir / REJECTED_DIR, ignore_errors=True)  # passed: what an earlier failure set aside is stale
     _write_outputs(arts, run, recipe, model)
     return arts
 
@@ -216,37 +286,132 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
                       module=model.module, owned=not keep_source, files=arts.files)
 
 
-def _resume_or_run(stage: Stage, ctx: RunContext, state: _State, arts: Artifacts) -> StageResult:
-    """The stage's recorded result when its content key and artifacts match, else a fresh run
-    (recorded when the stage has a key). Either way its files join the run's and its key the chain."""
+def _resume_or_run(stage: Stage, ctx: RunContext, state: _State, arts: Artifacts, beat: Heartbeat,
+                   log: Callable[[str], None]) -> tuple[StageResult, dict[str, Path], str | None]:
+    """The stage's recorded result when its content key and artifacts match (gated again when this
+    run's tolerance differs from the recorded one), else a fresh run (recorded when the stage has a
+    key). Either way its files join the run's and its key the chain.
+
+    Returns:
+        (result, the stage's files, for a resumed stage what its line says instead of a time).
+    """
     key = stage.key(ctx)
     found = state.lookup(stage.name, key)
+    resumed = None
     if found is not None:
-        res, files = found
+        res, files = found.result, found.files
         arts.resumed.append(stage.name)
+        arts.resumed_from[stage.name] = found.finished or ""
+        regated = _regate(stage, ctx, found, beat, log)
+        if regated:
+            state.record(stage.name, key, files, res, found.finished)  # type: ignore[arg-type]  # key matched
+        resumed = f"took {res.seconds:.2f} s on {_when(found.finished)}" + (", gated again with this run's tolerance" if regated else "")
+        res.notes = [*res.notes, f"resumed: artifacts of an earlier run with the same content key ({resumed})"]
     else:
-        res, files = _execute(stage, ctx)
+        res, files = _execute(stage, ctx, beat, log)
         if key is not None:
             state.record(stage.name, key, files, res)
     ctx.key = key or ctx.key
     arts.files.update(files)
-    return res
+    return res, files, resumed
 
 
-def _execute(stage: Stage, ctx: RunContext) -> tuple[StageResult, dict[str, Path]]:
-    """Run a stage's work (timed), then its parity check against the golden reference."""
+def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: Callable[[str], None]) -> bool:
+    """Gate a resumed stage's artifacts again when this run's tolerance is not the recorded one (a
+    re-run with a looser ``--set parity...`` after a failure); the verdict fields of the recorded
+    result are replaced. Returns whether it was gated again."""
+    res, tol = found.result, ctx.recipe.tolerance(stage.name)
+    if res.tolerance.model_dump(mode="json") == tol.model_dump(mode="json"):
+        return False
+    out = StageOutput(files=found.files, changed=res.changed)
+    with beat.track(stage.name, log), stage.runner(ctx, out) as runner:
+        fresh = check_stage(stage.name, runner, ctx.reference, tol, changed=res.changed, seconds=res.seconds,
+                            unmasked=ctx.unmasked, artifacts=found.files)
+    res.tolerance, res.metrics, res.checks, res.passed = fresh.tolerance, fresh.metrics, fresh.checks, fresh.passed
+    res.histogram, res.nonfinite_source, res.parity_seconds = fresh.histogram, fresh.nonfinite_source, fresh.parity_seconds
+    return True
+
+
+def _execute(stage: Stage, ctx: RunContext, beat: Heartbeat, log: Callable[[str], None]) -> tuple[StageResult, dict[str, Path]]:
+    """Run a stage's work (timed, a heartbeat while it runs), then its parity check against the golden reference."""
     _log.debug("stage %s (resident %s)", stage.name, _gb(resident_bytes()))
-    t0 = time.perf_counter()
-    out = stage.run(ctx)
-    seconds = time.perf_counter() - t0
-    trim_memory()  # the stage's working set is garbage now: its parity check runs without it
-    with stage.runner(ctx, out) as runner:
-        res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
-                          seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)
+    with beat.track(stage.name, log) as doing:
+        ctx.say = doing.say
+        t0 = time.perf_counter()
+        out = stage.run(ctx)
+        seconds = _own_seconds(stage, ctx, out, time.perf_counter() - t0)
+        trim_memory()  # the stage's working set is garbage now: its parity check runs without it
+        with stage.runner(ctx, out) as runner:
+            res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
+                              seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)
     res.details.update(out.details)
     if out.layers is not None:
         res.attach_layers(out.layers)
     return res, out.files
+
+
+def _own_seconds(stage: Stage, ctx: RunContext, out: StageOutput, elapsed: float) -> float:
+    """The time of the stage's own work: ``elapsed`` less what it did for later stages, plus what
+    earlier stages did for it (rk3588: the simulator runs in build_engine's worker call)."""
+    for name, s in out.later_work_s.items():
+        ctx.work_done_s[name] = ctx.work_done_s.get(name, 0.0) + s
+    return max(elapsed - sum(out.later_work_s.values()), 0.0) + ctx.work_done_s.pop(stage.name, 0.0)
+
+
+def _reject(arts: Artifacts, state: _State, res: StageResult, files: dict[str, Path], later: list[str]) -> list[str]:
+    """Move the failed stage's files, and those later stages recorded in an earlier run, into
+    ``OUT/rejected/`` (whatever an earlier failure left there and nothing names now is deleted).
+    Returns the names set aside; ``arts.files`` and the result's artifacts name their new paths."""
+    out, rej = arts.out_dir, arts.out_dir / REJECTED_DIR
+    names = list(dict.fromkeys([*files, *(n for stage in later for n in state.artifacts(stage))]))
+    rej.mkdir(exist_ok=True)
+    for old in rej.iterdir():
+        if old.is_file() and old.name not in names:
+            old.unlink()
+    moved = []
+    for name in names:
+        if (out / name).is_file():
+            os.replace(out / name, rej / name)
+        if (rej / name).is_file():
+            arts.files.pop(name, None)
+            arts.files[f"{REJECTED_DIR}/{name}"] = rej / name
+            moved.append(name)
+    res.artifacts = {n: str(rej / n) if n in moved else p for n, p in res.artifacts.items()}
+    return moved
+
+
+def _why(res: StageResult) -> str:
+    """The failed check as ``cosine_min 0.95 < 0.98``."""
+    c = res.failed_check
+    return f"{c.metric} {c.value:.6g} {'<' if c.op == '>=' else '>'} {c.limit:.10g}" if c else "a check failed"
+
+
+def _rejection(res: StageResult, moved: list[str]) -> dict:
+    """The manifest's ``rejected`` entry: the gate, its value against the threshold, the files set aside."""
+    c = res.failed_check
+    return {"stage": str(res.stage), "metric": c.metric if c else None, "value": c.value if c else None,
+            "op": c.op if c else None, "limit": c.limit if c else None,
+            "files": [f"{REJECTED_DIR}/{n}" for n in moved], "report": "parity.md"}
+
+
+def _rejected_failure(res: StageResult, advice: str, moved: list[str], out_dir: Path) -> ParityFailure:
+    """The stage's ParityFailure with the files set aside and the run's last line; the same line
+    goes into ``OUT/rejected/README.txt`` beside the files."""
+    report = display_path(str(out_dir / "parity.md"))
+    if moved:
+        shown = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+        where = display_path(str(out_dir / REJECTED_DIR))
+        verdict = f"REJECTED: {res.stage} failed its gate ({_why(res)}): {shown} must not ship (moved to {where}/); see {report}"
+        (out_dir / REJECTED_DIR / "README.txt").write_text(
+            f"{verdict}\nvitexport moved these files here: they failed a parity gate, or come after one that failed.\n"
+            "A run into the same folder that passes (e.g. with a looser --set parity... tolerance) resumes from them "
+            "and moves them back, or removes them.\n")
+    else:
+        verdict = f"REJECTED: {res.stage} failed its gate ({_why(res)}): nothing this run wrote may ship; see {report}"
+    err = res.failure().with_advice(advice)
+    err.rejected = [out_dir / REJECTED_DIR / n for n in moved]
+    err.verdict = verdict
+    return err
 
 
 def _gb(n: int | None) -> str:
@@ -258,14 +423,17 @@ def _record_peak(arts: Artifacts, stage: str, peak: int | None) -> None:
         arts.stage_peak_bytes[stage] = peak
 
 
-def _stage_line(res: StageResult, peak: int | None = None) -> str:
+def _stage_line(res: StageResult, peak: int | None = None, resumed: str | None = None) -> str:
     m = res.metrics
     verdict = "pass" if res.passed else "FAIL"
     changed = f" changed={res.changed}" if res.changed is not None else ""
     extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
              if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
-    return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} ({res.seconds:.2f}s{f', peak {_gb(peak)}' if peak else ''})"
+    # a parity check of a second or more is said: the wait a heartbeat line counted includes it
+    check = f" + check {res.parity_seconds:.2f}s" if res.parity_seconds >= 1.0 else ""
+    when = f"resumed from OUT ({resumed})" if resumed else f"({res.seconds:.2f}s{check}{f', peak {_gb(peak)}' if peak else ''})"
+    return f"[{verdict}] {res.stage:<16} {res.engine:<12} max_abs={m.max_abs:.3g} cos_min={m.cosine_min:.6f}{extra}{acc}{changed} {when}"
 
 
 def _versions() -> dict[str, str]:
@@ -280,7 +448,7 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: LoadedModel) -> None:
+def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: LoadedModel, rejected: dict | None = None) -> None:
     for name, path in write_reports(arts.out_dir, run).items():
         arts.files[name] = Path(path)
     arts.parity = run
@@ -289,11 +457,17 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "model": display_path(model.uri),
         "target": recipe.name,
         "passed": run.passed,
+        # "rejected": a gate failed; ``rejected`` names it, its value against the threshold, and the
+        # files moved into rejected/ (none of them may ship)
+        "status": "passed" if run.passed and rejected is None else "rejected",
+        "rejected": rejected,
         "versions": _versions(),
         "recipe": recipe.model_dump(mode="json"),
         "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in model.example_inputs.items()},
         "stages": {s.stage: {"seconds": round(s.seconds, 4), "passed": s.passed,
-                             "peak_rss_bytes": arts.stage_peak_bytes.get(s.stage)} for s in run.stages},
+                             "peak_rss_bytes": arts.stage_peak_bytes.get(s.stage),
+                             # a resumed stage's seconds are its recorded run's, finished then
+                             "resumed_from": arts.resumed_from.get(s.stage)} for s in run.stages},
         "reference_peak_rss_bytes": arts.stage_peak_bytes.get("reference"),
         "process_peak_rss_bytes": process_peak_bytes(),
         "skipped_stages": list(run.skipped),

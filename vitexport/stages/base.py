@@ -66,6 +66,9 @@ class StageOutput:
         details: stage-specific, JSON-serialisable data for ``parity.json`` (a pass report...).
         changed: sites a pass rewrote (None for other stages).
         layers: a per-layer localisation of the stage's error (``--layers``), attached to its result.
+        later_work_s: seconds of this run spent on later stages' work, by stage name (rk3588: RKNN's
+            simulator runs in the build's worker call): the loop moves them from this stage's time
+            to theirs, so that each stage's printed time is the time of its own work.
     """
 
     files: dict[str, Path] = field(default_factory=dict)
@@ -73,6 +76,7 @@ class StageOutput:
     details: dict[str, Any] = field(default_factory=dict)
     changed: int | None = None
     layers: LayerReport | None = None
+    later_work_s: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -151,6 +155,10 @@ class RunContext:
         module: the model as the passes left it (None once the torch work is over).
         owned: passes may rewrite ``module`` in place (it is a copy, or the source is consumable).
         files: artifacts so far, name → path (the run's ``Artifacts.files``).
+        work_done_s: seconds earlier stages spent on a later stage's work (``StageOutput.later_work_s``),
+            added to that stage's time by the loop.
+        say: tells the running stage's heartbeat what it is doing now (``"rknn-toolkit2: build"``),
+            shown on its next "still running" line; set by the loop for each stage.
     """
 
     model: LoadedModel
@@ -165,6 +173,8 @@ class RunContext:
     module: torch.nn.Module | None = None
     owned: bool = False
     files: dict[str, Path] = field(default_factory=dict)
+    work_done_s: dict[str, float] = field(default_factory=dict)
+    say: Callable[[str], None] = lambda doing: None
 
     @property
     def recipe(self) -> Recipe:

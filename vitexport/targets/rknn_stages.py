@@ -3,7 +3,8 @@
 
 RKNN's simulator runs a model only inside the process that built it, so one worker call compiles the
 model and runs the simulator on every parity input; the two stages split that call's results so the
-pipeline loop gates each on its own:
+pipeline loop gates (and times) each on its own: the simulator's steps of that call count as
+``simulate``'s time (``StageOutput.later_work_s``), the rest as ``build_engine``'s:
 
 - ``build_engine``: the ONNX file RKNN compiled (``model.rknn.onnx``: the route's layout of the Q/DQ or
   float file, :mod:`vitexport.toolchains.rknn_routes`) is gated in ONNX Runtime (the layout keeps
@@ -20,7 +21,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
 from pydantic import Field
@@ -40,7 +41,7 @@ from ..toolchains.rknn_routes import Route, rknn_input, route_quantization
 from .base import TargetOptions
 
 __all__ = ["CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
-           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "npu_report"]
+           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "SIMULATOR_STEPS", "npu_report"]
 
 
 class Rk3588Options(TargetOptions):
@@ -74,6 +75,8 @@ class RknnTarget(Protocol):
 
 
 RKNN_MODEL, RKNN_ONNX, RKNN_OUTPUTS, RKNN_LOG = "model.rknn", "model.rknn.onnx", "rknn_simulator.npz", "rknn.log"
+#: the worker's steps that run the simulator (``reply["stages"]``), timed for the simulate stage
+SIMULATOR_STEPS = ("init_runtime", "inference")
 #: the integer-input prefix (embedding lookups, mask casts) the host runs before ``model.rknn``
 HOST_ONNX = "host.onnx"
 
@@ -86,12 +89,12 @@ def _refuse_hazards(onnx_path: Path, route: str) -> None:
                        + (f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else ""))
 
 
-def _compile(req: RknnRequest, work: Path, out_dir: Path, timeout_s: float) -> RknnResult:
+def _compile(req: RknnRequest, work: Path, out_dir: Path, timeout_s: float, on_step: Callable[[str], None]) -> RknnResult:
     """:func:`run_rknn`, RKNN's log copied beside the artifacts (and, when the compile fails, where it
     outlives the run's folder, which a failed run removes)."""
     log = work / RKNN_LOG
     try:
-        return run_rknn(req, work, timeout_s=timeout_s)
+        return run_rknn(req, work, timeout_s=timeout_s, on_step=on_step)
     except BadInput as err:
         kept = Path(tempfile.gettempdir()) / f"vitexport-{out_dir.name}-{RKNN_LOG}"
         if log.is_file():
@@ -168,12 +171,15 @@ class CompileRknnStage:
             req = RknnRequest(onnx=npu_onnx, platform=t.platform, config=t.rknn_config, rknn=work / RKNN_MODEL,
                               quantization=route_quantization(route, [to_npu(f) for f in calib], ctx.out_dir / "calibration.json"),
                               inputs=[to_npu(f) for f in ctx.reference.feeds])
-            res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s)
+            res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
             files = self._keep(ctx, work, res, host is not None)
         report = npu_report(res, route, layout)
         if host is not None:
             report["host"] = host.to_dict()
-        return StageOutput(files=files, notes=_notes(report), details={"runtime": report})
+        # the simulator ran in this call for the simulate stage: its time is that stage's
+        simulator_s = sum(res.stages.get(k, 0.0) for k in SIMULATOR_STEPS)
+        return StageOutput(files=files, notes=_notes(report), details={"runtime": report},
+                           later_work_s={StageName.simulate: simulator_s})
 
     @staticmethod
     def _keep(ctx: RunContext, work: Path, res: RknnResult, host: bool) -> dict[str, Path]:
@@ -216,8 +222,10 @@ class SimulateRknnStage:
     def run(self, ctx: RunContext) -> StageOutput:
         if RKNN_OUTPUTS not in ctx.files:
             raise BadInput(f"no {RKNN_OUTPUTS}: the simulate stage needs build_engine (stages.build_engine.enabled)")
-        return StageOutput(notes=["RKNN's x86 simulator (rknn-toolkit2, the model as built for the NPU), outputs "
-                                  "computed in the build's worker call on these parity inputs"])
+        # the files this gate judges: a failed simulator sets model.rknn aside with the outputs it gave
+        judged = {n: ctx.files[n] for n in (RKNN_MODEL, RKNN_OUTPUTS) if n in ctx.files}
+        return StageOutput(files=judged, notes=["RKNN's x86 simulator (rknn-toolkit2, the model as built for the NPU), "
+                                                "outputs computed in the build's worker call on these parity inputs"])
 
     def runner(self, ctx: RunContext, out: StageOutput) -> RecordedRunner:
         return RecordedRunner(ctx.files[RKNN_OUTPUTS], name=self.name)

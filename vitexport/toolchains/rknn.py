@@ -29,7 +29,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -235,13 +235,36 @@ def _as_onnx_shapes(outputs: list[np.ndarray], onnx_path: Path) -> list[np.ndarr
     return out + outputs[len(out):]
 
 
-def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0) -> RknnResult:
+def _wait(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None]) -> int | None:
+    """The worker's exit code (None: killed after ``timeout_s``); each step it starts (its reply names
+    the step before running it) is told to ``on_step`` within a second."""
+    deadline, said = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+        try:
+            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
+        except (OSError, ValueError):
+            continue  # not written yet
+        if step and step != said:
+            on_step(f"rknn-toolkit2: {step}")
+            said = step
+
+
+def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0,
+             on_step: Callable[[str], None] = lambda doing: None) -> RknnResult:
     """Compile ``req.onnx`` with rknn-toolkit2 in its worker, simulate, and read back what happened.
 
     Args:
         req: the request (model, RKNN config, quantization, inputs to simulate).
         work_dir: a folder for the request, the ``.npy`` files, RKNN's files and ``rknn.log``.
         timeout_s: the worker is killed after this many seconds.
+        on_step: told each step the worker starts (``"rknn-toolkit2: build"``): a stage's heartbeat.
     Returns:
         :class:`RknnResult` (outputs stacked over the samples, the op table and its summary).
     Raises:
@@ -259,12 +282,7 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     with open(log, "w") as logf:
         proc = subprocess.Popen([str(py), "-I", str(WORKER), str(path)], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
+        rc = _wait(proc, timeout_s, reply_path, on_step)
     wall = time.perf_counter() - t0
     reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
     if rc != 0 or not reply.get("ok"):
