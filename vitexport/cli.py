@@ -221,7 +221,8 @@ def _fail(exc: BaseException, verbose: bool) -> int:
     cause = exc if err is not exc else err.__cause__
     if verbose and cause is not None and not (isinstance(cause, VitexportError) and cause is err):
         traceback.print_exception(cause, file=sys.stderr)
-    print(f"vitexport: error: {msg}", file=sys.stderr)
+    sys.stdout.flush()  # the stage lines before the error, whatever buffering a pipe gives stdout
+    print(f"vitexport: error: {msg}", file=sys.stderr, flush=True)
     if getattr(err, "verdict", ""):  # a failed gate: the last line (stdout: the error stays one line) names what must not ship
         print(err.verdict, flush=True)
     return err.exit_code
