@@ -129,11 +129,12 @@ class CheckResult:
     def _group_lines(self, group: list[Violation]) -> list[str]:
         first = group[0]
         level = "error" if first.is_error else "warning"
+        out = [f"  [{first.rule}] {len(group)} {level}(s): {first.describe(self.recipe)}"]
         more = [v.subject for v in group[1:1 + _EXAMPLES]]
-        rest = len(group) - 1 - len(more)
-        also = f"    also {', '.join(more)}" + (f" and {rest} more" if rest else "") if more else None
-        head = f"  [{first.rule}] {len(group)} {level}(s): {first.describe(self.recipe)}"
-        return [head, *([also] if also else []), f"    hint: {first.hint}"]
+        if more:
+            rest = len(group) - 1 - len(more)
+            out.append(f"    also {', '.join(more)}" + (f" and {rest} more" if rest else ""))
+        return out + [f"    hint: {first.hint}"]
 
     def summary(self) -> str:
         """One line: the verdict, how many rules were checked and how many warnings there are."""
