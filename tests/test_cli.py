@@ -118,3 +118,15 @@ def test_rerender_parity_report(demo_run, tmp_path):
     proc = run_cli("parity", str(copy))
     assert proc.returncode == 0, proc.stderr
     assert (copy / "parity.md").is_file() and "quantize_int8" in (copy / "parity.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["export", "check", "parity"])
+def test_help_names_the_real_default_target(command, capsys):
+    """The help once printed the constant's dotted name ("default: vitexport.targets.DEFAULT_TARGET")."""
+    from vitexport.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert exit_.value.code == 0
+    assert f"default: {DEFAULT_TARGET})" in text and "DEFAULT_TARGET" not in text and "{" not in text

@@ -4,8 +4,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
 
+import pytest
+
+from cli_helpers import run_cli
 from vitexport.quiet import captured_output
 
 
@@ -35,3 +39,16 @@ def test_output_is_kept_when_the_block_raises(capfd):
     except ValueError:
         pass
     assert printed.lines == ["dump before the error"] and capfd.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_verbose_export_shows_the_log_and_no_third_party_warning(tmp_path):
+    """``vitexport -v export`` of the demo: torch's FutureWarning (``torch.distributed.reduce_op``,
+    met by the preflight's memory probe) and numpy's "overflow encountered in cast" (float16's mask
+    fill) reached stderr; every line there now is vitexport's log or a vitexport warning."""
+    proc = run_cli("-v", "export", "--target", "orin", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any(" vitexport.pipeline: " in ln for ln in lines), proc.stderr  # -v still logs the steps
+    stray = [ln for ln in lines if not re.match(r"\d\d:\d\d:\d\d vitexport[.\w]*: |vitexport: warning: ", ln)]
+    assert stray == [] and "Warning: " not in proc.stderr, proc.stderr

@@ -4,7 +4,8 @@ Exit codes: 0 every stage passed; 1 a parity gate failed (stage and metric named
 moved into ``OUT/rejected/`` and the last line, ``REJECTED: ...``, says they must not ship); 2 bad input
 (usage, recipe, data, model, an exception from the user's model code, not enough memory); 3 an
 internal error (its traceback in ``OUT/error.log``). Every error is one line on stderr; ``-v``
-adds the traceback. Warnings are one line each too.
+adds the traceback. Warnings are one line each too; other libraries' warnings and log records stay
+off the terminal (`-v` included).
 """
 from __future__ import annotations
 
@@ -22,11 +23,24 @@ from .recipe import StageName
 __all__ = ["main", "build_parser"]
 
 
+# Help text names the default target by this mark: the registry that holds it loads torch-free but
+# heavy modules (onnx-ir: ~1-4 s), which only a subcommand's --help pays for, when it prints.
+_DEFAULT_TARGET_MARK = "{DEFAULT_TARGET}"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits with 2 on usage errors already; keep its message to one line."""
 
     def error(self, message: str):  # noqa: D401
         self.exit(2, f"vitexport: error: {message}\n")
+
+    def format_help(self) -> str:
+        if any(_DEFAULT_TARGET_MARK in (a.help or "") for a in self._actions):
+            from .targets import DEFAULT_TARGET  # lazy, see above
+
+            for a in self._actions:  # before argparse wraps the lines
+                a.help = a.help and a.help.replace(_DEFAULT_TARGET_MARK, DEFAULT_TARGET)
+        return super().format_help()
 
 
 # The subcommands import vitexport.api when they run, not with this module: it loads torch, ONNX
@@ -83,14 +97,13 @@ def cmd_targets(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Check an ONNX file against a target: contract (ops, opset, static shapes, dtypes), the target's
     runtime rules and the lint (dead tensors, names, float64, Q/DQ that does nothing). Exit 0 when no
-    error (warnings are printed); 2 with one line per violation naming node or tensor and rule."""
+    error (warnings are printed); 2 when one breaks. A few violations print one line each (node or
+    tensor, rule, hint); many print a summary by rule with counts, and -v lists every one."""
     from . import api  # lazy, see above
 
     result = api.check(args.model, args.target, overrides=args.set)
-    for line in result.lines():
+    for line in result.report(full=args.verbose):
         print(line)
-    if result:
-        print(result.summary())
     return 0 if result else 2
 
 
@@ -116,12 +129,13 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0 if load_run(args.out_dir).passed else 1
 
 
-_TARGET_HELP = "target name (see `vitexport targets`; default: vitexport.targets.DEFAULT_TARGET) or a recipe YAML path"
+_TARGET_HELP = f"target name (see `vitexport targets`; default: {_DEFAULT_TARGET_MARK}) or a recipe YAML path"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step (calibration passes, parity runs) with times")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log each step (calibration passes, parity runs) with times; check: list every violation")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     e = sub.add_parser("export", help=cmd_export.__doc__, description=cmd_export.__doc__)
@@ -145,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="the ONNX file to check")
     c.add_argument("--target", default=None, help=_TARGET_HELP)
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. contract.max_opset=19")
+    # SUPPRESS: absent here, the global -v (before `check`) stands
+    c.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="list every violation, one line each")
     c.set_defaults(func=cmd_check)
 
     r = sub.add_parser("parity", help=cmd_parity.__doc__, description=cmd_parity.__doc__)
@@ -153,12 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--parity-data", default=None, help="inputs for --compare (image folder or .npz)")
     r.add_argument("--layers", action="store_true", help="per-layer comparison and first divergence")
     r.add_argument("--out", default=None, help="where --compare writes its report")
-    r.add_argument("--target", default=None, help="target (or recipe YAML path) whose tolerances apply")
+    r.add_argument("--target", default=None,
+                   help=f"target (or recipe YAML path) whose tolerances apply (default: {_DEFAULT_TARGET_MARK})")
     r.add_argument("--stage", default=StageName.simplify.value, metavar="STAGE",
-                   help=f"stage whose tolerance applies: {', '.join(StageName)} (quantize_int8 for an INT8 model)")
+                   help=f"stage whose tolerance applies: {', '.join(StageName)} (default: %(default)s; quantize_int8 for an INT8 model)")
     r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")
     r.add_argument("--input-shape", default=None, help="N,C,H,W for a model URI given to --compare")
-    r.add_argument("--num-samples", type=int, default=None, help="compare on at most this many samples")
+    r.add_argument("--num-samples", type=int, default=None, help="compare on at most this many samples (default: all)")
     r.set_defaults(func=cmd_parity)
     return p
 
@@ -166,7 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def _verbose_log(verbose: bool) -> Iterator[None]:
     """``-v``: the package's log on stderr for this call (removed after, so that ``main`` called
-    again in one process neither doubles the lines nor writes to a stream that has gone)."""
+    again in one process neither doubles the lines nor writes to a stream that has gone).
+
+    Other libraries' log records stop at a handler that drops them, with or without ``-v``: with no
+    handler anywhere, Python's last-resort handler prints WARNING records on stderr (onnx-ir's
+    shape inference logs a failure with its traceback, twice per ``vitexport check`` of an Orin
+    INT8 file against rk3588's recipe)."""
+    root = logging.getLogger()
+    quiet = logging.NullHandler()
+    root.addHandler(quiet)
+    try:
+        with _package_log(verbose):
+            yield
+    finally:
+        root.removeHandler(quiet)
+
+
+@contextlib.contextmanager
+def _package_log(verbose: bool) -> Iterator[None]:
     if not verbose:
         yield
         return
@@ -184,13 +218,15 @@ def _verbose_log(verbose: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _one_line_warnings(verbose: bool) -> Iterator[None]:
-    """Print each warning as ``vitexport: warning: ...`` on one line, never with a line of source;
-    other libraries' warnings only with ``-v``."""
+def _one_line_warnings() -> Iterator[None]:
+    """Print each of vitexport's warnings as ``vitexport: warning: ...`` on one line, never with a line
+    of source. Other libraries' warnings (torch's FutureWarnings, numpy's overflow in a cast) say
+    nothing the user can act on: dropped, ``-v`` or not, unless Python's own ``-W`` /
+    ``PYTHONWARNINGS`` asks for them."""
 
     def show(message, category, filename, lineno, file=None, line=None):
         ours = issubclass(category, VitexportWarning)
-        if ours or verbose:
+        if ours or sys.warnoptions:
             text = one_line(str(message), 400)
             text = f"vitexport: warning: {text if ours else f'{category.__name__}: {text}'}"
             if ours and sys.stderr.isatty():
@@ -231,7 +267,7 @@ def _fail(exc: BaseException, verbose: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    with _verbose_log(args.verbose), _one_line_warnings(args.verbose):
+    with _verbose_log(args.verbose), _one_line_warnings():
         try:
             return args.func(args)
         except BaseException as exc:  # the one error boundary: every failure becomes an exit code
