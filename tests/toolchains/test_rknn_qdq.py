@@ -123,6 +123,16 @@ def test_the_whole_layout_of_an_attention_has_no_hazard():
     assert report["rknn_move_score_scales"] == 1 and report["rknn_output_qdq"] == 1
 
 
+def test_a_file_already_in_the_layout_is_checked_as_it_stands():
+    """``vitexport check model.rknn.onnx --target rk3588``: the laid-out file says so, so its hazards are
+    read without laying it out again (which declared its output Q/DQ twice: an internal error)."""
+    model = ir.serde.deserialize_model(qdq_patch_conv(size=16, patch=4))
+    qdq_layout(model, _images(2, 16))
+    laid_out = ir.serde.serialize_model(model)
+    assert layout_hazards(ir.serde.deserialize_model(laid_out)) == []
+    assert ir.serde.serialize_model(model) == laid_out  # checked on a copy
+
+
 @pytest.mark.parametrize("batch, tokens, changed", [(4, 16, 1), (2, 32, 1), (1, 16, 0), (4, 8, 0), (2, 24, 0)])
 def test_batched_probabilities_lose_their_qdq_where_rknn_converts_them_on_the_cpu(batch, tokens, changed, monkeypatch):
     """Softmax outputs [batch > 1, H, T, T] with T a multiple of 16 (Swin's windows) come out of Q/DQ:

@@ -76,7 +76,8 @@ def _takes_half(n: ir.Node, j: int, opset: int, output: bool = False) -> bool:
 
 def _to_fp16(arr: np.ndarray) -> np.ndarray:
     """float16 values; a mask fill (float32's minimum) becomes float16's minimum, not -inf."""
-    out = arr.astype(np.float16)
+    with np.errstate(over="ignore"):  # the fill overflows float16 by design; it is replaced just below
+        out = arr.astype(np.float16)
     out[arr == np.finfo(np.float32).min] = np.finfo(np.float16).min
     return out
 

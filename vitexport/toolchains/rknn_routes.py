@@ -53,6 +53,11 @@ def float_for_rknn(fp32: str | Path, dst: str | Path) -> dict:
     return report
 
 
+#: metadata key a file in RKNN's Q/DQ layout carries (``model.rknn.onnx``): rewriting it again would add
+#: its output Q/DQ pairs a second time
+LAYOUT_KEY = "vitexport.rknn_layout"
+
+
 def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None = None) -> dict:
     """Rewrite a Q/DQ model into RKNN's INT8 layout, in place; the output ranges of the ops it adds
     Q/DQ to are measured on ``feeds`` (calibration samples) with the Q/DQ model itself (None: unit
@@ -65,6 +70,7 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     later = _apply(model, [PatchConvsInInt8(ranges), ConvsInFloat(), LinearsAsConv(ranges),
                            OutputQdq({k: ranges[k] for k in scores}, activation_zp_dtype(model))])
     later["skipped"].update(report["skipped"])
+    model.metadata_props[LAYOUT_KEY] = "qdq"  # a laid-out file is not laid out twice (layout_hazards)
     return {**report, **later}
 
 
@@ -80,7 +86,9 @@ def layout_hazards(model: ir.Model) -> list[Hazard]:
     """What RKNN would crash on, hang on or run on the CPU in ``model`` once laid out for it (a copy:
     the Q/DQ layout when the model has Q/DQ, the float forms otherwise)."""
     copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-    if any(n.op_type == "DequantizeLinear" for n in copy.graph):
+    if copy.metadata_props.get(LAYOUT_KEY):
+        pass  # already what RKNN compiles (model.rknn.onnx): its hazards as it stands
+    elif any(n.op_type == "DequantizeLinear" for n in copy.graph):
         qdq_layout(copy)
     else:
         _float_forms(copy)
