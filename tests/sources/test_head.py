@@ -33,6 +33,17 @@ def test_timm_vit_checkpoint_with_10_classes_loads_as_trained(tmp_path):
     _same_outputs(m, ref)
 
 
+def test_timm_vit_fine_tuned_at_another_resolution_takes_its_pos_embed_grid(tmp_path):
+    import timm
+
+    ref = timm.create_model("deit_tiny_patch16_224", num_classes=10, img_size=64)
+    m = load_model("timm:deit_tiny_patch16_224", weights=_save(ref, tmp_path / "ft64.safetensors"))
+    assert m.meta["notes"][1] == ("timm:deit_tiny_patch16_224 built with img_size=64 (from pos_embed (1, 17, 192) in "
+                                  "ft64.safetensors, a 4x4 grid)")
+    assert tuple(m.example_inputs["x"].shape) == (1, 3, 64, 64) and m.preprocess.crop == 64
+    _same_outputs(m, ref)
+
+
 def test_timm_hybrid_head_found_by_its_classifier_name(tmp_path):
     """mobilevit_xxs keeps its classifier at head.fc (not 'head'): timm's pretrained_cfg names it."""
     import timm
@@ -91,14 +102,20 @@ def test_num_classes_builds_that_head_and_is_checked_against_the_weights(tmp_pat
         load_model("timm:test_vit", num_classes=0)
 
 
-def test_a_mismatch_outside_the_head_still_names_the_tensor(tmp_path):
+def test_a_mismatch_outside_the_head_still_names_the_tensor(tmp_path, capsys):
+    """The head is sized from the checkpoint; any other tensor of the wrong shape is refused, named,
+    in one line with exit code 2."""
     import timm
 
     sd = timm.create_model("test_vit", num_classes=10).state_dict()
-    sd["pos_embed"] = torch.zeros(1, 5, sd["pos_embed"].shape[-1])
+    sd["blocks.0.norm1.weight"] = torch.ones(3)
     save_file(sd, str(tmp_path / "w.safetensors"))
-    with pytest.raises(BadInput, match=r"tensor 'pos_embed' has shape \(1, 5, \d+\), the model wants"):
+    with pytest.raises(BadInput, match=r"tensor 'blocks.0.norm1.weight' has shape \(3,\), the model wants"):
         load_model("timm:test_vit", weights=tmp_path / "w.safetensors")
+    code = main(["export", "--model", "timm:test_vit", "--weights", str(tmp_path / "w.safetensors"),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "tensor 'blocks.0.norm1.weight' has shape (3,)" in err[0]
 
 
 def test_cli_num_classes_reaches_the_api_and_refusals_exit_2(tmp_path, capsys):

@@ -114,9 +114,9 @@ def _build(scheme: str, rest: str, shape, batch_size: int, head: HeadRequest | N
     meta: dict = {}
     vocab = 1000
     if scheme in ("timm", "torchvision"):
-        model, chw, preprocess, note = (load_timm if scheme == "timm" else load_torchvision)(rest, head)
+        model, chw, preprocess, notes = (load_timm if scheme == "timm" else load_torchvision)(rest, head)
         spec = _image_spec("x", shape, chw, batch_size)
-        meta["input_size"], meta["notes"] = tuple(chw), [note] if note else []
+        meta["input_size"], meta["notes"] = tuple(chw), notes
         keyword, name = False, f"{scheme}-{rest}"
     elif scheme == "hf":
         model, preprocess, kind, config, notes = load_hf(rest, head)

@@ -30,7 +30,7 @@ def _head(name: str, head: HeadRequest | None) -> tuple[dict, str | None]:
 
 
 def load_torchvision(name: str, head: HeadRequest | None = None,
-                     **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess, str | None]:
+                     **kwargs) -> tuple[torch.nn.Module, tuple[int, int, int], Preprocess, list[str]]:
     """Build ``torchvision.models.get_model(name, weights=None, **kwargs)`` under a fixed seed.
 
     The input size is the model's ``image_size`` when it has one (ViT), else 224; preprocessing is
@@ -39,7 +39,7 @@ def load_torchvision(name: str, head: HeadRequest | None = None,
         name: the torchvision model name.
         head: the checkpoint and/or ``num_classes`` that decide the classifier's size.
     Returns:
-        (module, (C, H, W), preprocessing, a note when the head was not built at its own size).
+        (module, (C, H, W), preprocessing, notes: a head not built at its own size, and why).
     Raises:
         BadInput: unknown model name; a ``num_classes`` the checkpoint contradicts.
     """
@@ -55,4 +55,4 @@ def load_torchvision(name: str, head: HeadRequest | None = None,
     size = int(getattr(model, "image_size", 224))
     pre = Preprocess(input_size=(3, size, size), resize=int(round(size * 256 / 224)), crop=size,
                      origin="torchvision's ImageNet recipe (resize 256/224 of the crop, bilinear, ImageNet mean/std)")
-    return model, (3, size, size), pre, note
+    return model, (3, size, size), pre, [note] if note else []
