@@ -61,6 +61,7 @@ def prepare(
     parity_data: str | Path | None = None,
     overrides: Sequence[str] = (),
     trust_pickle: bool = False,
+    num_classes: int | None = None,
 ) -> tuple[LoadedModel, Target, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
@@ -86,7 +87,8 @@ def prepare(
         weights = DEMO_WEIGHTS if weights is None else weights
         calib = DEMO_CALIB if calib is None else calib
         parity_data = DEMO_HELDOUT if parity_data is None else parity_data
-    model = load_model(model_uri, weights=weights, input_shape=input_shape, batch_size=recipe.export.batch_size, trust_pickle=trust_pickle)
+    model = load_model(model_uri, weights=weights, input_shape=input_shape, batch_size=recipe.export.batch_size,
+                       trust_pickle=trust_pickle, num_classes=num_classes)
     notes: list[str] = list(model.meta.get("notes", ()))  # what the source decided (the Hugging Face class built)
     cal_spec = recipe.calibration
     kw = dict(preprocess=model.preprocess, spec=cal_spec.preprocess)
@@ -128,6 +130,7 @@ def export(
     overrides: Sequence[str] = (),
     layers: bool = False,
     trust_pickle: bool = False,
+    num_classes: int | None = None,
     resume: bool = True,
     log: Callable[[str], None] = lambda s: None,
     heartbeat: Heartbeat | None = None,
@@ -145,6 +148,8 @@ def export(
         overrides: ``key.path=value`` recipe overrides.
         layers: per-layer localisation of the INT8 error.
         trust_pickle: allow a pickle checkpoint that runs code when loaded.
+        num_classes: the classifier's size for a ``timm:`` / ``torchvision:`` / ``hf:`` model; None:
+            read from the ``weights``' head tensor (a fine-tuned checkpoint), else the model's own.
         resume: reuse stages of an earlier, interrupted run in the same folder.
         log: called with one line per finished stage (and "still running" lines during a long one).
         heartbeat: how a long stage shows it is alive (:class:`~vitexport.progress.Heartbeat`);
@@ -166,7 +171,7 @@ def export(
             where["existed"] = where["out"].exists()
         model, run_target, calib_set, parity_set, notes = prepare(
             model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
-            parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle,
+            parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle, num_classes=num_classes,
         )
         if where["out"] is None:
             where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{run_target.recipe.name}")

@@ -14,7 +14,7 @@ from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "toolchains"))
-from rknn_models import DIM, TOKENS, qdq_linear  # noqa: E402
+from rknn_models import CONV_MACS, DIM, TOKENS, qdq_convs, qdq_linear  # noqa: E402
 
 
 @pytest.fixture
@@ -39,6 +39,16 @@ def test_openvino_matches_onnxruntime_and_runs_int8(qdq_file):
         prec = ov_run.precisions()
     assert prec.macs["FullyConnected"] == {"i8": TOKENS * DIM * 64}  # int8 activations (zero point int8)
     assert prec.int8_share == 1.0
+
+
+def test_grouped_and_depthwise_convs_count_what_they_compute(tmp_path):
+    """The runtime model keeps a grouped conv's weight 5-D [G, Cout/G, Cin/G, kh, kw]: read as
+    [Cout, Cin, ...] it would count the 4-group conv 4-fold; every conv counts its MACs by hand."""
+    path = tmp_path / "convs.onnx"
+    onnx.save(qdq_convs(), path)
+    with OpenVinoRunner(path, threads=1) as run:
+        prec = run.precisions()
+    assert prec.macs == {"Convolution": {"i8": sum(v[-1] for v in CONV_MACS.values())}}
 
 
 def test_float_model_runs_float(tmp_path):

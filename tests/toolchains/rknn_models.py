@@ -6,7 +6,8 @@ import onnx
 import onnx.numpy_helper as nh
 from onnx import TensorProto, helper
 
-__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "TOKENS", "DIM", "HEADS"]
+__all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "qdq_convs", "CONV_MACS",
+           "TOKENS", "DIM", "HEADS"]
 
 TOKENS, DIM, HEADS = 8, 16, 2
 
@@ -127,3 +128,39 @@ def patch_merging(grid: int = 4, dim: int = 8) -> onnx.ModelProto:
              helper.make_node("Reshape", ["t", "s4"], ["r4"], name="r4"),
              helper.make_node("MatMul", ["r4", "w"], ["y"], name="reduction")]
     return _model(nodes, inits, (1, h, h, dim), in_shape=(1, grid * grid, dim))
+
+
+#: the convolutions of :func:`qdq_convs`: name → (groups, C_in, C_out, kernel, stride, MACs counted by
+#: hand: output positions × C_out × C_in/groups × k²)
+CONV_MACS = {
+    "patch": (1, 3, 16, 4, 4, 4 * 4 * 16 * 3 * 4 * 4),  # 16x16 input, 4x4 stride 4: a 4x4 grid
+    "depthwise": (16, 16, 16, 3, 1, 4 * 4 * 16 * 1 * 3 * 3),
+    "grouped": (4, 16, 16, 3, 1, 4 * 4 * 16 * 4 * 3 * 3),
+    "pointwise": (1, 16, 32, 1, 1, 4 * 4 * 32 * 16 * 1 * 1),
+}
+
+
+def qdq_convs(seed: int = 0) -> onnx.ModelProto:
+    """x[1,3,16,16] → a 4x4 stride-4 patch conv → a 3x3 depthwise conv → a 3x3 conv in 4 groups → a 1x1
+    conv to 32 channels (each Q/DQ'd as vitexport's quantizer writes it, a Relu after each): the
+    convolutions of a hybrid ViT (MobileViT, EfficientFormer), whose MACs :data:`CONV_MACS` counts."""
+    rs = np.random.RandomState(seed)
+    nodes: list = []
+    inits: list = []
+    x = "x"
+    for name, (groups, cin, cout, k, stride, _) in CONV_MACS.items():
+        w = (rs.randn(cout, cin // groups, k, k) * 0.3).astype(np.float32)
+        ws = np.abs(w).reshape(cout, -1).max(axis=1) / 127
+        inits += [nh.from_array(np.round(w / ws[:, None, None, None]).astype(np.int8), f"{name}_wq"),
+                  nh.from_array(ws.astype(np.float32), f"{name}_ws"), nh.from_array(np.zeros(cout, np.int8), f"{name}_wz"),
+                  nh.from_array((rs.randn(cout) * 0.1).astype(np.float32), f"{name}_b")]
+        xin = _qdq(nodes, inits, x, 4.0 / 127, f"{name}_x")
+        pad = (k - 1) // 2 if stride == 1 else 0
+        nodes += [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"], axis=0,
+                                   name=f"{name}_w_DQ"),
+                  helper.make_node("Conv", [xin, f"{name}_w", f"{name}_b"], [f"{name}_c"], kernel_shape=[k, k],
+                                   strides=[stride, stride], pads=[pad] * 4, group=groups, name=name),
+                  helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"], name=f"{name}_relu")]
+        x = f"{name}_r"
+    nodes[-1].output[0] = "y"
+    return _model(nodes, inits, (1, 32, 4, 4), in_shape=(1, 3, 16, 16))

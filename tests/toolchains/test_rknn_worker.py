@@ -9,7 +9,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from rknn_models import DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq_linear, qdq_patch_conv
+from rknn_models import CONV_MACS, DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq_convs, qdq_linear, qdq_patch_conv
 from vitexport.errors import BadInput
 from vitexport.graph.files import save_model
 from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
@@ -89,6 +89,18 @@ def test_a_16x16_patch_conv_runs_int8_split_into_two_4x4_convs(rknn, tmp_path):
     assert sorted(r.op_type for r in res.ops if r.is_gemm) == ["Conv", "ConvRelu"]  # one-hot 4x4, then 4x4 + Relu
     ref = _ort(path, feeds)
     assert res.outputs[0].shape == ref.shape and _cos(res.outputs[0], ref) > 0.999
+
+
+@pytest.mark.slow
+def test_depthwise_and_grouped_convs_count_the_models_macs(rknn, tmp_path):
+    """RKNN lists the depthwise weight as (1, C, k, k) and computes the grouped conv as a dense one: the
+    op table's MACs are still each conv's own, counted by hand."""
+    path = tmp_path / "convs.onnx"
+    onnx.save(qdq_convs(), path)
+    feeds = [{"x": np.random.RandomState(i).randn(1, 3, 16, 16).astype(np.float32)} for i in range(2)]
+    res = run_rknn(RknnRequest(onnx=path, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
+    assert {r.source: r.macs for r in res.ops if r.is_gemm} == {name: v[-1] for name, v in CONV_MACS.items()}
+    assert res.summary.gemm_macs == sum(v[-1] for v in CONV_MACS.values())
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
 import onnx_ir as ir
 
+from ..graph.macs import node_macs
 from ..graph.query import attr, is_const, static_shape
 from ..recipe import QuantizationSpec
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
@@ -39,12 +39,6 @@ class AnnotateTarget(Protocol):
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 # ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Where", "Cast", "Identity", "Dropout", "Sub"})
-
-
-def _numel(shape: tuple[int, ...] | None) -> int:
-    if not shape:
-        return 0
-    return int(np.prod(shape, dtype=np.int64))
 
 
 def attention_role(node: ir.Node) -> str | None:
@@ -112,18 +106,17 @@ def _linear(n: ir.Node, per_channel: bool) -> NodeSpec | None:
     if w is None or w.const_value is None or w.const_value.dtype != ir.DataType.FLOAT:
         return None
     wshape = tuple(w.const_value.shape)
-    out = static_shape(n.outputs[0])
     if n.op_type == "Conv":
-        axis, kind, macs = 0, NodeKind.conv, _numel(out) * _numel(wshape[1:])
+        axis, kind = 0, NodeKind.conv
     elif n.op_type == "Gemm":
         if attr(n, "transA", 0):
             return None
-        axis = 0 if attr(n, "transB", 0) else 1
-        kind, macs = NodeKind.linear, _numel(out) * (wshape[1] if axis == 0 else wshape[0])
+        axis, kind = (0 if attr(n, "transB", 0) else 1), NodeKind.linear
     else:
         if len(wshape) < 2:
             return None
-        axis, kind, macs = len(wshape) - 1, NodeKind.linear, _numel(out) * wshape[-2]
+        axis, kind = len(wshape) - 1, NodeKind.linear
+    macs = node_macs(n, wshape)
     return NodeSpec(n.name, n.op_type, kind, (ActSpec(n.inputs[0].name, 0),),
                     WeightSpec(w.name, 1, axis if per_channel else None), macs)
 
@@ -141,6 +134,6 @@ def _attention(n: ir.Node, target: AnnotateTarget) -> tuple[NodeSpec | None, str
     ok, why = target.attention_ok(head, seq)
     if not ok:
         return None, why
-    macs = _numel(static_shape(n.outputs[0])) * a[-1]
+    macs = node_macs(n, b)
     return NodeSpec(n.name, n.op_type, NodeKind.attention,
                     (ActSpec(n.inputs[0].name, 0), ActSpec(n.inputs[1].name, 1)), None, macs), ""

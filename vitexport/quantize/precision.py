@@ -30,6 +30,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from ..check.types import allowed_types, type_violations
+from ..graph.macs import MAC_OPS, node_macs
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import attr, const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
@@ -327,13 +328,9 @@ def precision_summary(model: ir.Model) -> dict[str, float | int]:
     peak) and the weights' bytes by data type (:func:`weight_bytes`)."""
     int8_macs = float_macs = 0
     for n in model.graph:
-        if n.op_type not in ("MatMul", "Gemm", "Conv"):
+        if n.op_type not in MAC_OPS:
             continue
-        out, w = static_shape(n.outputs[0]), static_shape(n.inputs[1])
-        if not out or not w:
-            continue
-        k = int(np.prod(w[1:])) if n.op_type == "Conv" else (w[-2] if n.op_type == "MatMul" and len(w) >= 2 else w[0])
-        macs = int(np.prod(out)) * int(k)
+        macs = node_macs(n)  # the plan's formula: groups and Gemm's transB counted as annotate counts them
         quantized = all(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
                         for i in n.inputs[:2])
         int8_macs, float_macs = (int8_macs + macs, float_macs) if quantized else (int8_macs, float_macs + macs)

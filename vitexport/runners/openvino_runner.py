@@ -7,7 +7,6 @@ on first use (as TensorRT is), so importing the runners costs nothing.
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactWriteError, BadInput
+from ..graph.macs import layer_macs
 from .base import BaseRunner, InputSpec
 
 __all__ = ["OpenVinoRunner", "RuntimePrecisions", "runtime_precisions", "save_ir", "GEMM_LAYERS"]
@@ -111,15 +111,19 @@ def _dims(port) -> tuple[int, ...] | None:
 
 
 def _layer_macs(op, layer: str) -> int:
+    """The layer's MACs by :func:`~vitexport.graph.macs.layer_macs`, its layout translated to ONNX's."""
     out = _dims(op.output(0))
     ins = [_dims(op.input(i)) for i in range(op.get_input_size())]
     if out is None or len(ins) < 2 or ins[1] is None or ins[0] is None:
         return 0
+    w = ins[1]
     if layer == "Convolution":
-        return math.prod(out) * math.prod(ins[1][1:])  # weight [Cout, Cin/groups, kh, kw]
+        if len(w) == len(out) + 1:  # a grouped or depthwise conv: weight [G, Cout/G, Cin/G, kh, kw]
+            return layer_macs("Conv", out, (w[0] * w[1], *w[2:]), groups=w[0])
+        return layer_macs("Conv", out, w)  # weight [Cout, Cin, kh, kw]
     if layer == "FullyConnected":
-        return math.prod(out) * ins[1][-1]  # weight [Cout, Cin]
-    return math.prod(out) * ins[0][-1]  # MatMul: K is the first input's last dim (no transpose on it)
+        return layer_macs("Gemm", out, w, trans_b=True)  # weight [Cout, Cin]
+    return layer_macs("MatMul", out, (ins[0][-1], out[-1]))  # MatMul: K is the first input's last dim (no transpose on it)
 
 
 def runtime_precisions(compiled) -> RuntimePrecisions:

@@ -10,11 +10,12 @@ from ..errors import BadInput
 from ..preflight.memory import forward_need, require
 from ..preflight.model import check_input_shape
 from .base import LoadedModel, OutputAdapter, Preprocess, built_input_size, parse_input_shape, slugify
+from .head import HeadRequest
 from .hf_source import load_hf
 from .python_source import load_python
 from .timm_source import load_timm
 from .torchvision_source import load_torchvision
-from .weights import load_weights, read_state_dict
+from .weights import load_state, load_weights, read_state_dict
 
 __all__ = [
     "LoadedModel",
@@ -106,19 +107,20 @@ def _default_seq(config, longest: int = 128) -> int:
     return max(1, min(longest, table - offset))
 
 
-def _build(scheme: str, rest: str, shape, batch_size: int):
-    """Build the module and its input spec (name → (shape, dtype)), allocating no input yet."""
+def _build(scheme: str, rest: str, shape, batch_size: int, head: HeadRequest | None = None):
+    """Build the module and its input spec (name → (shape, dtype)), allocating no input yet; ``head``
+    sizes a timm / torchvision / Hugging Face classifier (see :mod:`.head`)."""
     preprocess: Preprocess | None = None
     meta: dict = {}
     vocab = 1000
     if scheme in ("timm", "torchvision"):
-        model, chw, preprocess = (load_timm if scheme == "timm" else load_torchvision)(rest)
+        model, chw, preprocess, notes = (load_timm if scheme == "timm" else load_torchvision)(rest, head)
         spec = _image_spec("x", shape, chw, batch_size)
-        meta["input_size"] = tuple(chw)
+        meta["input_size"], meta["notes"] = tuple(chw), notes
         keyword, name = False, f"{scheme}-{rest}"
     elif scheme == "hf":
-        model, preprocess, kind, config, note = load_hf(rest)
-        meta["hf_kind"], meta["notes"] = kind, [note]
+        model, preprocess, kind, config, notes = load_hf(rest, head)
+        meta["hf_kind"], meta["notes"] = kind, notes
         if kind == "image":
             spec = _image_spec("pixel_values", shape, preprocess.input_size, batch_size)
             meta["input_size"] = tuple(preprocess.input_size)
@@ -147,12 +149,24 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
     return model, spec, keyword, name, preprocess, meta, vocab
 
 
+def _head_request(scheme: str, state, weights, num_classes: int | None) -> HeadRequest | None:
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise BadInput(f"--num-classes {num_classes}: expected a whole number of classes, at least 1")
+        if scheme == "python":
+            raise BadInput("--num-classes applies to timm:, torchvision: and hf: models; a python: function builds its own head")
+    if scheme == "python" or (state is None and num_classes is None):
+        return None
+    return HeadRequest(state, weights, num_classes)
+
+
 def load_model(
     uri: str,
     weights: str | Path | None = None,
     input_shape: str | tuple[int, ...] | None = None,
     batch_size: int = 1,
     trust_pickle: bool = False,
+    num_classes: int | None = None,
 ) -> LoadedModel:
     """Build the model a URI names, load ``weights`` into it, and fix its example inputs.
 
@@ -165,11 +179,16 @@ def load_model(
         input_shape: ``'N,C,H,W'`` (or ``'N,L'`` for a text encoder); default from the model.
         batch_size: the batch when the shape comes from the model.
         trust_pickle: allow a checkpoint that needs code execution (never by default).
+        num_classes: the classifier's size for a ``timm:`` / ``torchvision:`` / ``hf:`` model
+            (``num_labels`` for ``hf:``). None: the size of the ``weights``' own head tensor when
+            it differs from the model's (a fine-tuned checkpoint), else the model's own; a note
+            says which was built.
     Returns:
         A :class:`LoadedModel` in eval mode.
     Raises:
         BadInput: unknown scheme or model (with the nearest name), missing files, mismatching
-            weights, bad shape, an ``input_shape`` the model does not run at (one forward tells).
+            weights, bad shape, an ``input_shape`` the model does not run at (one forward tells),
+            a ``num_classes`` below 1, for a ``python:`` model, or contradicting the weights.
         UserCodeError: a ``python:`` file raised while imported or called.
         ResourceLimit: the inputs (and one forward over them) cannot fit in memory.
     """
@@ -177,9 +196,11 @@ def load_model(
     if not sep or scheme not in SCHEMES or not rest:
         raise BadInput(f"model URI '{uri}': expected one of {', '.join(s + ':...' for s in SCHEMES)}")
     shape = parse_input_shape(input_shape) if isinstance(input_shape, str) or input_shape is None else tuple(input_shape)
-    model, spec, keyword, name, preprocess, meta, vocab = _build(scheme, rest, shape, batch_size)
-    if weights is not None:
-        load_weights(model, weights, trust_pickle=trust_pickle)
+    state = read_state_dict(weights, trust_pickle) if weights is not None else None
+    model, spec, keyword, name, preprocess, meta, vocab = _build(scheme, rest, shape, batch_size,
+                                                                 _head_request(scheme, state, weights, num_classes))
+    if state is not None:
+        load_state(model, state, weights)
     example = meta.pop("example", None)
     if example is not None:
         _require_forward(model, spec, keyword, "return smaller example_inputs")

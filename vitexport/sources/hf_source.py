@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from ..errors import BadInput, one_line
 from .base import Preprocess, seeded
+from .head import HeadRequest, head_size, last_linear
 
 __all__ = ["load_hf"]
 
@@ -157,7 +158,32 @@ def _model_class(config, path: Path, folder: str, has_weights: bool) -> tuple[ty
                   f"\"architectures\": [\"...ForImageClassification\"] to export a classifier)")
 
 
-def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, object, str]:
+def _head(cls: type, config, head: HeadRequest | None, folder: str) -> str | None:
+    """Set ``config.num_labels`` to the size of the ``--weights`` checkpoint's classifier (or to
+    ``head.num_classes``) when it differs from config.json's; returns the note saying so. The
+    classifier is the model's last Linear when its size is ``num_labels`` (a base model has none),
+    read from a build on the meta device."""
+    if head is None:
+        return None
+    try:
+        with torch.device("meta"):
+            found = last_linear(cls(config))
+    except Exception:  # noqa: BLE001 - a model that computes at build time cannot run on meta
+        with seeded():
+            found = last_linear(cls(config))
+    labels = int(getattr(config, "num_labels", 0) or 0)
+    if found is None or found[1] != labels:
+        if head.num_classes is not None:
+            raise BadInput(f"hf:{folder}: --num-classes {head.num_classes}, but {cls.__name__} has no classification "
+                           f"head to size (name a ...ForImageClassification in config.json 'architectures')")
+        return None
+    n, note = head_size(head, (found[0],), labels, f"hf:{folder}", "num_labels")
+    if n is not None:
+        config.num_labels = n  # transformers renumbers id2label / label2id to match
+    return note
+
+
+def load_hf(folder: str, head: HeadRequest | None = None) -> tuple[torch.nn.Module, Preprocess | None, str, object, list[str]]:
     """Load a model from a local folder with ``local_files_only=True``.
 
     The class is the one ``config.json``'s ``architectures`` names, else the base model (see
@@ -166,11 +192,15 @@ def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, objec
     by transformers (safetensors first); without weights the model is built from its config with
     seeded random weights.
 
+    A ``head`` whose checkpoint (or ``num_classes``) sizes the classifier otherwise than
+    config.json sets ``config.num_labels`` first; the folder's own head is then not loaded.
+
     Returns:
-        (module, preprocess or None, kind 'image'|'text', config, a note naming the class built).
+        (module, preprocess or None, kind 'image'|'text', config, notes: the class built, the head).
     Raises:
         BadInput: missing folder / config, config or preprocessor values of the wrong type,
-            unknown architecture, a model transformers cannot build from the config.
+            unknown architecture, a model transformers cannot build from the config, a
+            ``num_classes`` for a model without a classification head.
     """
     import transformers  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
 
@@ -182,12 +212,15 @@ def load_hf(folder: str) -> tuple[torch.nn.Module, Preprocess | None, str, objec
     config = _read_config(path, folder)
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
     cls, note = _model_class(config, path, folder, has_weights)
+    head_note = _head(cls, config, head, folder)
+    # a resized head cannot take the folder's own: transformers leaves it at random (--weights fills it)
+    resized = {"config": config, "ignore_mismatched_sizes": True} if head_note else {}
     with seeded():
         try:
-            model = cls.from_pretrained(str(path), local_files_only=True) if has_weights else cls(config)
+            model = cls.from_pretrained(str(path), local_files_only=True, **resized) if has_weights else cls(config)
         except Exception as exc:  # built from the user's config and files: their values are the cause
             raise BadInput(f"hf:{folder}: transformers cannot build the model from this folder "
                            f"({type(exc).__name__}: {one_line(str(exc), 160)})") from None
     kind = "text" if getattr(model, "main_input_name", "pixel_values") == "input_ids" else "image"
     preprocess = _preprocess(path, config) if kind == "image" else None
-    return model, preprocess, kind, config, note
+    return model, preprocess, kind, config, [note, *([head_note] if head_note else [])]

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import BadInput, one_line
 
-__all__ = ["read_state_dict", "load_weights", "sniff_format"]
+__all__ = ["read_state_dict", "load_weights", "load_state", "sniff_format"]
 
 _NESTED_KEYS = ("state_dict", "model", "model_state_dict", "module", "ema")
 
@@ -118,7 +118,15 @@ def load_weights(model: nn.Module, path: str | Path, trust_pickle: bool = False)
     Raises:
         BadInput: unreadable file, or keys/shapes that do not match the model (the first few named).
     """
-    sd = read_state_dict(path, trust_pickle)
+    load_state(model, read_state_dict(path, trust_pickle), path)
+
+
+def load_state(model: nn.Module, sd: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Load a state dict already read from ``path`` (named in errors) into ``model``, as :func:`load_weights`.
+
+    Raises:
+        BadInput: keys, shapes or dtypes that do not match the model (the first few named).
+    """
     own = model.state_dict()
     if not set(sd) & set(own):
         for prefix in ("module.", "model."):

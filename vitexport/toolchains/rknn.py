@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BadInput, one_line
 from ..graph.files import load_model
+from ..graph.macs import conv_groups
 from .rknn_graph import rknn_hazards
-from .rknn_log import OpRow, OpSummary, error_lines, last_pass, op_summary, parse_op_table
+from .rknn_log import OpRow, OpSummary, error_lines, last_pass, op_summary, parse_op_table, with_groups
 
 __all__ = ["RknnRequest", "RknnQuantization", "RknnResult", "run_rknn", "rknn_python", "rknn_available",
            "rknn_missing", "require_rknn", "WORKER", "SETUP_HINT", "RKNN_VENV_ENV"]
@@ -287,6 +288,7 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
     if rc != 0 or not reply.get("ok"):
         raise _failure(reply, rc, log, timeout_s, Path(req.onnx))
-    ops = parse_op_table(log)
+    # RKNN lists a grouped conv as the dense one it computes: the source's group counts say which
+    ops = with_groups(parse_op_table(log), conv_groups(load_model(req.onnx)))
     outputs = _as_onnx_shapes([np.load(p) for p in reply.get("outputs", [])], Path(req.onnx))
     return RknnResult(reply=reply, outputs=outputs, ops=ops, summary=op_summary(ops), log=log, wall_s=wall)

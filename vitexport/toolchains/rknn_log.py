@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
-__all__ = ["OpRow", "OpSummary", "parse_op_table", "op_summary", "last_pass", "error_lines", "log_lines", "strip_ansi",
+from ..graph.macs import layer_macs
+
+__all__ = ["OpRow", "OpSummary", "parse_op_table", "op_summary", "with_groups", "last_pass", "error_lines", "log_lines", "strip_ansi",
            "GEMM_TYPES"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -42,24 +45,47 @@ class OpRow:
     inputs: tuple[tuple[int, ...], ...]
     output: tuple[int, ...]
     name: str
+    #: the source ONNX Conv's ``group`` (0: not known): RKNN's table does not say it, and lists a grouped
+    #: conv it expanded into a dense one (``convert_group_conv2d_to_conv2d``) with a dense weight
+    groups: int = 0
 
     @property
     def is_gemm(self) -> bool:
         return any(self.op_type.startswith(t) for t in GEMM_TYPES)
 
     @property
+    def source(self) -> str:
+        """The ONNX node the row was built from: ``Conv:grouped#1`` → ``grouped`` (``#N``: RKNN's rewrite)."""
+        return re.sub(r"#\d+$", "", self.name.partition(":")[2] or self.name)
+
+    @property
     def macs(self) -> int:
-        """Multiply-accumulates of a GEMM/Conv row (0 for other ops or unreadable shapes)."""
+        """Multiply-accumulates of a GEMM/Conv row (0 for other ops or unreadable shapes), as
+        :func:`~vitexport.graph.macs.layer_macs` counts the source model's layer."""
         if not self.is_gemm or not self.output:
             return 0
-        out = math.prod(self.output)
         if self.op_type.startswith("Conv") and len(self.inputs) >= 2 and len(self.inputs[1]) == 4:
-            return out * math.prod(self.inputs[1][1:])  # weight (Cout, Cin/groups, kh, kw)
+            weight, groups = self._onnx_conv_weight()
+            try:
+                return layer_macs("Conv", self.output, weight, groups=groups)
+            except ValueError:  # a layout this reading does not know: the weight as listed, dense
+                return math.prod(self.output) * math.prod(self.inputs[1][1:])
         if len(self.inputs) >= 2 and self.inputs[0] and self.inputs[1]:
             # batched A[b,M,K] x B[b,K,N] -> out[b,M,N]: |A|·|B| / |out| = b·K², b = out's first dim
+            out = math.prod(self.output)
             k2 = math.prod(self.inputs[0]) * math.prod(self.inputs[1]) / (out * max(self.output[0], 1))
-            return int(out * round(math.sqrt(max(k2, 0.0))))
+            return layer_macs("MatMul", self.output, (int(round(math.sqrt(max(k2, 0.0)))), self.output[-1]))
         return 0
+
+    def _onnx_conv_weight(self) -> tuple[tuple[int, ...], int]:
+        """The Conv weight in ONNX's layout [Cout, Cin/groups, kh, kw] and the group count."""
+        w, cout = self.inputs[1], self.output[1] if len(self.output) > 1 else 0
+        cin = self.inputs[0][1] if len(self.inputs[0]) > 1 else 0
+        if w[0] == 1 and w[1] == cout == cin and cout > 1:  # RKNN lists a depthwise weight as (1, C, kh, kw)
+            return (cout, 1, *w[2:]), cout
+        if self.groups > 1 and w[0] == cout and w[1] == cin and cin % self.groups == 0:  # expanded to dense
+            return (cout, cin // self.groups, *w[2:]), self.groups
+        return w, max(cin // w[1], 1) if cin and w[1] and cin % w[1] == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -112,6 +138,14 @@ def parse_op_table(log: str | Path) -> list[OpRow]:
             tables[-1].append(OpRow(int(m.group(1)), m.group(2), m.group(3), m.group(4), _shapes(m.group(5)),
                                     outs[0] if outs else (), m.group(9)))
     return tables[-1] if tables else []
+
+
+def with_groups(rows: list[OpRow], groups: Mapping[str, int]) -> list[OpRow]:
+    """The rows, each Conv's ``groups`` set from the source ONNX's Conv it names (``groups``: node
+    name → ``group``, :func:`~vitexport.graph.macs.conv_groups`): RKNN computes a grouped conv as a
+    dense one, and the table would count its zero blocks as work of the model."""
+    return [replace(r, groups=groups[r.source]) if r.op_type.startswith("Conv") and r.source in groups else r
+            for r in rows]
 
 
 def op_summary(rows: list[OpRow]) -> OpSummary:

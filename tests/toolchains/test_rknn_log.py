@@ -1,0 +1,40 @@
+"""RKNN's op table read back: each GEMM/Conv row's multiply-accumulates as the source model's layer
+counts them (vitexport.graph.macs), whatever layout RKNN lists its weight in. The table is one RKNN
+printed for rknn_models.qdq_convs (rknn-toolkit2 2.5.0, rk3588)."""
+from __future__ import annotations
+
+from rknn_models import CONV_MACS
+from vitexport.toolchains.rknn_log import op_summary, parse_op_table, with_groups
+
+#: RKNN's table for qdq_convs: the depthwise weight listed as (1, 16, 3, 3), the grouped conv expanded
+#: into a dense (16, 16, 3, 3) one named ``grouped#1``, the last conv left in float16
+TABLE = r"""
+D RKNN: [17:51:59.290]                                                         Network Layer Information Table
+D RKNN: [17:51:59.290] --------------------------------------------------------------------------------------------------------------------------------------------------------------------------
+D RKNN: [17:51:59.290] ID   OpType             DataType Target InputShape                               OutputShape            Cycles(DDR/NPU/Total)    RW(KB)       FullName
+D RKNN: [17:51:59.290] --------------------------------------------------------------------------------------------------------------------------------------------------------------------------
+D RKNN: [17:51:59.290] 0    InputOperator      INT8     CPU    \                                        (1,3,16,16)            0/0/0                    0            InputOperator:x
+D RKNN: [17:51:59.290] 1    ConvRelu           INT8     NPU    (1,3,16,16),(16,3,4,4),(16)              (1,16,4,4)             228/256/256              5            Conv:patch
+D RKNN: [17:51:59.290] 2    ConvRelu           INT8     NPU    (1,16,4,4),(1,16,3,3),(16)               (1,16,4,4)             50/144/144               0            Conv:depthwise
+D RKNN: [17:51:59.290] 3    ConvRelu           INT8     NPU    (1,16,4,4),(16,16,3,3),(16)              (1,16,4,4)             130/144/144              2            Conv:grouped#1
+D RKNN: [17:51:59.290] 4    exDataConvert      INT8     NPU    (1,16,4,4)                               (1,16,4,4)             0/0/0                    0            exDataConvert:pointwise_x_DQ
+D RKNN: [17:51:59.290] 5    ConvRelu           FLOAT16  NPU    (1,16,4,4),(32,16,1,1),(32)              (1,32,4,4)             114/64/114               1            Conv:pointwise
+D RKNN: [17:51:59.290] 6    OutputOperator     FLOAT16  CPU    (1,32,4,4)                               \                      0/0/0                    1            OutputOperator:y
+D RKNN: [17:51:59.290] --------------------------------------------------------------------------------------------------------------------------------------------------------------------------
+"""
+
+
+def test_depthwise_and_grouped_rows_count_the_models_macs():
+    rows = with_groups(parse_op_table(TABLE), {"depthwise": 16, "grouped": 4})
+    macs = {r.source: r.macs for r in rows if r.is_gemm}
+    assert macs == {name: v[-1] for name, v in CONV_MACS.items()}
+    s = op_summary(rows)
+    assert s.gemm_macs == sum(macs.values()) and s.int8_macs == s.gemm_macs - CONV_MACS["pointwise"][-1]
+
+
+def test_a_depthwise_row_is_told_by_its_shape_alone():
+    """Without the source's group counts the depthwise (1, C, k, k) row still counts k² per output
+    (not C·k², 16-fold more); the expanded grouped conv counts as the dense conv RKNN computes."""
+    macs = {r.source: r.macs for r in parse_op_table(TABLE) if r.is_gemm}
+    assert macs["depthwise"] == CONV_MACS["depthwise"][-1]
+    assert macs["grouped"] == 4 * CONV_MACS["grouped"][-1]
