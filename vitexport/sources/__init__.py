@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -147,12 +148,21 @@ def _build(scheme: str, rest: str, shape, batch_size: int):
     return model, spec, keyword, name, preprocess, meta, vocab
 
 
+def _output_list(outputs: Sequence[str] | str | None) -> list[str] | None:
+    """``'logits,pred_boxes'`` (``--outputs``) or a list → the names; None or empty → every output."""
+    if outputs is None:
+        return None
+    names = [n.strip() for n in (outputs.split(",") if isinstance(outputs, str) else outputs) if n and n.strip()]
+    return list(dict.fromkeys(names)) or None
+
+
 def load_model(
     uri: str,
     weights: str | Path | None = None,
     input_shape: str | tuple[int, ...] | None = None,
     batch_size: int = 1,
     trust_pickle: bool = False,
+    outputs: Sequence[str] | str | None = None,
 ) -> LoadedModel:
     """Build the model a URI names, load ``weights`` into it, and fix its example inputs.
 
@@ -165,6 +175,8 @@ def load_model(
         input_shape: ``'N,C,H,W'`` (or ``'N,L'`` for a text encoder); default from the model.
         batch_size: the batch when the shape comes from the model.
         trust_pickle: allow a checkpoint that needs code execution (never by default).
+        outputs: keep only these of the model's tensor outputs (``'logits,pred_boxes'`` or a list);
+            default every one. An unknown name is BadInput at the first forward (preflight).
     Returns:
         A :class:`LoadedModel` in eval mode.
     Raises:
@@ -187,7 +199,7 @@ def load_model(
     else:
         inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
-    adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
+    adapter = OutputAdapter(model, list(inputs), keyword=keyword, outputs=_output_list(outputs)).eval()
     loaded = LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
     takes = meta.get("input_size")
     if shape is not None and (takes is None or tuple(shape[1:]) != tuple(takes)):
