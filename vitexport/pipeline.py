@@ -98,8 +98,10 @@ def _unmasked(reference: GoldenReference) -> dict[str, np.ndarray] | None:
     if not masks:
         return None
     m = masks[0].astype(bool)
+    several = len(reference.outputs) > 1  # then a pooled [N, H] output whose H happens to be L is no token output
     found = {name: np.broadcast_to(m.reshape(m.shape + (1,) * (out.ndim - m.ndim)), out.shape)
-             for name, out in reference.outputs.items() if out.shape[: m.ndim] == m.shape}
+             for name, out in reference.outputs.items()
+             if out.shape[: m.ndim] == m.shape and (out.ndim > m.ndim or not several)}
     return found or None
 
 
@@ -452,6 +454,9 @@ def _stage_line(res: StageResult, peak: int | None = None, resumed: str | None =
     extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
              if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
+    if res.output_metrics:  # several outputs: the line's figures are the primary's; the worst other one is said too
+        name, worst = min(res.output_metrics.items(), key=lambda kv: kv[1].cosine_min)
+        acc += f" worst={name} cos_min={worst.cosine_min:.6f}" if worst.cosine_min < m.cosine_min else ""
     # a parity check of a second or more is said: the wait a heartbeat line counted includes it
     check = f" + check {res.parity_seconds:.2f}s" if res.parity_seconds >= 1.0 else ""
     when = f"resumed from OUT ({resumed})" if resumed else f"({res.seconds:.2f}s{check}{f', peak {_gb(peak)}' if peak else ''})"

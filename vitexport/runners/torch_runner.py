@@ -39,10 +39,11 @@ def tensor_outputs(out) -> tuple[dict[str, torch.Tensor], list[str]]:
         items = [(f"output_{i}", v) for i, v in enumerate(out.to_tuple())]
     else:
         raise TypeError(f"model output of type {type(out).__name__} holds no tensor")
-    kept = {k: v for k, v in items if isinstance(v, torch.Tensor)}
+    # a 0-d tensor (a loss) has no sample axis for parity to compare by: left out like a non-tensor
+    kept = {k: v for k, v in items if isinstance(v, torch.Tensor) and v.dim() > 0}
     if not kept:
         raise TypeError(f"model output of type {type(out).__name__} holds no tensor at its top level")
-    return kept, [f"{k} ({_kind(v)})" for k, v in items if not isinstance(v, torch.Tensor)]
+    return kept, [f"{k} ({'0-d tensor' if isinstance(v, torch.Tensor) else _kind(v)})" for k, v in items if k not in kept]
 
 
 def primary_output(out) -> torch.Tensor:
