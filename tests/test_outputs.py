@@ -216,3 +216,37 @@ def test_an_unknown_output_is_refused_before_any_work(models):
     m = load_model(f"python:{models}:pair", outputs=["nope"])
     with pytest.raises(BadInput, match="no tensor output 'nope'.*its outputs are output_0, output_2"):
         m.output_names
+
+
+def test_two_outputs_compile_for_rk3588_and_the_simulator_gates_each(models, tmp_path):
+    from vitexport.toolchains.rknn import rknn_missing
+
+    missing = rknn_missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "rk"
+    arts = api.export(f"python:{models}:two_heads", "rk3588", input_shape="1,3,32,32", out=out,
+                      overrides=(*FAST, "quantization.measure_latency=false"))
+    assert arts.passed
+    assert _outputs(out / "model.rknn.onnx") == ["logits", "boxes"]
+    checks = _checks(out)
+    for stage in ("build_engine", "simulate"):  # RKNN's simulator answers both outputs, each gated
+        assert {"cosine_min[logits]", "cosine_min[boxes]"} <= set(checks[stage])
+
+
+def test_export_onnx_names_a_plain_modules_dict_outputs(tmp_path):
+    from vitexport.export import export_onnx
+    from vitexport.recipe import ExportSpec
+
+    class Dicty(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return {"scores": y, "loss": torch.zeros(()), "probs": y.softmax(-1)}
+
+    torch.manual_seed(0)
+    export_onnx(Dicty(), {"x": torch.randn(2, 4)}, tmp_path / "m.onnx", ExportSpec())
+    assert _outputs(tmp_path / "m.onnx") == ["scores", "probs"]  # the 0-d loss has no sample axis: left out

@@ -87,24 +87,20 @@ class _Positional(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         out = self.model(*inputs)
-        if isinstance(out, torch.Tensor) or (isinstance(out, tuple) and all(isinstance(t, torch.Tensor) for t in out)):
-            return out  # an OutputAdapter's: already its tensor outputs
+        if getattr(self.model, "output_names", None) is not None:
+            return out  # an OutputAdapter's: already its tensor outputs, in output_names order
         values = tuple(tensor_outputs(out)[0].values())
         return values[0] if len(values) == 1 else values
 
     def names(self, args: tuple) -> list[str]:
-        """The graph's output names: the adapter's ``output_names`` (known once it ran), else those of
-        one forward now (``output`` for one tensor, the model's own names for several)."""
-        known = getattr(self.model, "output_names", None)
-        if known:
-            return list(known)
+        """The graph's output names: the adapter's ``output_names`` (after one forward when it has
+        not run yet), else the model's own (:func:`tensor_outputs`; one tensor is ``output``)."""
         with _eval_mode(self.model), torch.no_grad():
-            out = self.model(*args)
+            out = self.model(*args) if getattr(self.model, "output_names", None) is None else None
         known = getattr(self.model, "output_names", None)
-        if known:
+        if known is not None:
             return list(known)
-        named = tensor_outputs(out)[0] if not isinstance(out, tuple) or not all(isinstance(t, torch.Tensor) for t in out) \
-            else {f"output_{i}": t for i, t in enumerate(out)}
+        named = tensor_outputs(out)[0]
         return [OUTPUT_NAME] if len(named) == 1 else list(named)
 
 
