@@ -194,14 +194,29 @@ def test_the_gate_fails_an_output_the_engine_lacks():
     assert any("'boxes' missing" in n for n in res.notes)
 
 
-@pytest.mark.parametrize("target", ["orin", "openvino"])
-def test_a_yolos_detector_exports_logits_and_pred_boxes(tmp_path, target):
+def _detector(transformers, family: str):
+    """A tiny random-weight detector: YOLOS (a ViT with detection tokens) or DETR (a ResNet backbone,
+    no timm, nothing pretrained: no network)."""
+    if family == "yolos":
+        config = transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                          image_size=[64, 64], patch_size=16, num_detection_tokens=5)
+        return transformers.YolosForObjectDetection(config)
+    backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1],
+                                         out_features=["stage4"])
+    config = transformers.DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+                                     backbone=None, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5,
+                                     num_labels=3)
+    config.image_size = 64  # DETR's config has no input size; the source reads this one
+    return transformers.DetrForObjectDetection(config)
+
+
+@pytest.mark.parametrize("family,target", [("yolos", "orin"), ("yolos", "openvino"), ("detr", "orin")])
+def test_a_detector_exports_logits_and_pred_boxes(tmp_path, family, target):
     transformers = pytest.importorskip("transformers")
-    folder = tmp_path / "yolos"
-    config = transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                      image_size=[64, 64], patch_size=16, num_detection_tokens=5)
+    folder = tmp_path / family
     torch.manual_seed(0)
-    transformers.YolosForObjectDetection(config).save_pretrained(folder)
+    _detector(transformers, family).save_pretrained(folder)
     out = tmp_path / target
     arts = api.export(f"hf:{folder}", target, out=out, overrides=FAST)
     assert arts.passed
