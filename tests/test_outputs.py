@@ -265,3 +265,15 @@ def test_export_onnx_names_a_plain_modules_dict_outputs(tmp_path):
     torch.manual_seed(0)
     export_onnx(Dicty(), {"x": torch.randn(2, 4)}, tmp_path / "m.onnx", ExportSpec())
     assert _outputs(tmp_path / "m.onnx") == ["scores", "probs"]  # the 0-d loss has no sample axis: left out
+
+
+def test_a_single_output_stage_is_written_as_before():
+    ref = GoldenReference({"output": np.array([[1.0, 2.0]])}, [{"x": np.zeros((1, 2), np.float32)}])
+    res = check_stage("compare", _Renamed({"output": np.array([[1.0, 2.0]])}), ref, Tolerance(cosine_min=0.9))
+    d = res.to_dict()
+    assert res.passed and "output_metrics" not in d and [c["metric"] for c in d["checks"]] == ["cosine_min"]
+    two = GoldenReference({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}, ref.feeds)
+    both = check_stage("compare", _Renamed({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}), two,
+                       Tolerance(cosine_min=0.9))
+    back = type(both).from_dict(both.to_dict())  # parity.json read back (vitexport parity OUT re-renders from it)
+    assert set(back.output_metrics) == {"logits", "boxes"} and back.passed

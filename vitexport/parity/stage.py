@@ -138,6 +138,8 @@ class StageResult(Data):
     def _as_written(self, handler) -> dict[str, Any]:
         d = handler(self)
         report = d.pop("layer_report")
+        if d.get("output_metrics") is None:
+            d.pop("output_metrics", None)  # one output: the file reads as before several were gated
         d["failed_metric"] = self.failed_metric
         d["layers"] = report.pop("layers") if report is not None else None
         if report is not None:
