@@ -62,6 +62,7 @@ def prepare(
     overrides: Sequence[str] = (),
     trust_pickle: bool = False,
     num_classes: int | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> tuple[LoadedModel, Target, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
@@ -88,7 +89,7 @@ def prepare(
         calib = DEMO_CALIB if calib is None else calib
         parity_data = DEMO_HELDOUT if parity_data is None else parity_data
     model = load_model(model_uri, weights=weights, input_shape=input_shape, batch_size=recipe.export.batch_size,
-                       trust_pickle=trust_pickle, num_classes=num_classes)
+                       trust_pickle=trust_pickle, num_classes=num_classes, outputs=outputs)
     notes: list[str] = list(model.meta.get("notes", ()))  # what the source decided (the Hugging Face class built)
     cal_spec = recipe.calibration
     kw = dict(preprocess=model.preprocess, spec=cal_spec.preprocess)
@@ -134,6 +135,7 @@ def export(
     resume: bool = True,
     log: Callable[[str], None] = lambda s: None,
     heartbeat: Heartbeat | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> Artifacts:
     """Export a model for a target, gating every stage with parity.
 
@@ -154,6 +156,8 @@ def export(
         log: called with one line per finished stage (and "still running" lines during a long one).
         heartbeat: how a long stage shows it is alive (:class:`~vitexport.progress.Heartbeat`);
             default a line through ``log`` every 10 s.
+        outputs: keep only these of the model's tensor outputs (``'logits,pred_boxes'`` or a list);
+            default every one, each a named ONNX output gated on its own (one output is ``output``).
     Returns:
         :class:`~vitexport.pipeline.Artifacts`.
     Raises:
@@ -172,6 +176,7 @@ def export(
         model, run_target, calib_set, parity_set, notes = prepare(
             model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
             parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle, num_classes=num_classes,
+            outputs=outputs,
         )
         if where["out"] is None:
             where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{run_target.recipe.name}")

@@ -55,8 +55,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     arts = api.export(
         args.model, args.target, weights=args.weights, input_shape=args.input_shape, calib=args.calib,
-        parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers,
-        trust_pickle=args.trust_pickle, num_classes=args.num_classes, resume=not args.no_resume, log=lambda line: print(line, flush=True),
+        parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers, outputs=args.outputs,
+        trust_pickle=args.trust_pickle, num_classes=args.num_classes, resume=not args.no_resume,
+        log=lambda line: print(line, flush=True),
         heartbeat=Heartbeat(live=sys.stdout.isatty()),  # a spinner on a terminal, a line every 10 s elsewhere
     )
     _print_summary(arts)
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input-shape", default=None, help="N,C,H,W (N,L for a text encoder); default from the model")
     e.add_argument("--num-classes", type=int, default=None,
                    help="classifier size of a timm:/torchvision:/hf: model (default: the --weights' head, else the model's)")
+    e.add_argument("--outputs", default=None, metavar="NAME,...",
+                   help="keep only these of the model's outputs (e.g. logits,pred_boxes); default every tensor output")
     e.add_argument("--calib", default=None, help="calibration data: image folder or .npz")
     e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y')")
     e.add_argument("--out", default=None, help="output folder (default build/<model>-<target>)")

@@ -79,6 +79,8 @@ class Artifacts:
     resumed: list[StageName] = field(default_factory=list)
     #: when each resumed stage's recorded run finished (UTC, ISO 8601; "" when the record is older)
     resumed_from: dict[StageName, str] = field(default_factory=dict)
+    #: the model's outputs, name → shape at the export batch (``{'output': [1, 1000]}`` for one)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -89,16 +91,18 @@ def _count(labels: np.ndarray | None) -> int | None:
     return None if labels is None else len(labels)
 
 
-def _unmasked(reference: GoldenReference) -> np.ndarray | None:
-    """Output positions that belong to real tokens (a text encoder's ``attention_mask == 1``)."""
-    out = reference.outputs.get("output")
+def _unmasked(reference: GoldenReference) -> dict[str, np.ndarray] | None:
+    """Per output, the positions that belong to real tokens (a text encoder's ``attention_mask == 1``):
+    outputs laid out by token (``last_hidden_state``), not pooled ones."""
     masks = [np.concatenate([f[k] for f in reference.feeds]) for k in reference.feeds[0] if "mask" in k]
-    if out is None or not masks:
+    if not masks:
         return None
     m = masks[0].astype(bool)
-    if out.shape[: m.ndim] != m.shape:
-        return None
-    return np.broadcast_to(m.reshape(m.shape + (1,) * (out.ndim - m.ndim)), out.shape)
+    several = len(reference.outputs) > 1  # then a pooled [N, H] output whose H happens to be L is no token output
+    found = {name: np.broadcast_to(m.reshape(m.shape + (1,) * (out.ndim - m.ndim)), out.shape)
+             for name, out in reference.outputs.items()
+             if out.shape[: m.ndim] == m.shape and (out.ndim > m.ndim or not several)}
+    return found or None
 
 
 @dataclass
@@ -228,6 +232,7 @@ def run_pipeline(
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
                     notes=[data_note] if data_note else [])
     _note_data_check(run, data_check, log)
+    run.notes.extend(_output_notes(model, arts.outputs))
     mark_vacuous(ctx.reference, run)  # a constant reference makes every gate pass trivially: say so loudly
     for i, stage in enumerate(stages):
         if not stage.enabled(recipe):
@@ -255,6 +260,23 @@ def run_pipeline(
     return arts
 
 
+def _output_notes(model: LoadedModel, outputs: dict[str, list[int]]) -> list[str]:
+    """What a reader of a model with several outputs (or some left out) must know: the outputs each
+    file has, and what was not exported (entries that are not tensors; those ``--outputs`` left out)."""
+    adapter = model.module
+    notes = []
+    if len(outputs) > 1:
+        notes.append("outputs: " + ", ".join(f"{k} {v}" for k, v in outputs.items())
+                     + "; each is gated (checks named metric[output]); top-1/accuracy on the classification output only")
+    kept = getattr(adapter, "model_output_names", None) or []
+    if getattr(adapter, "select", None) and len(outputs) == 1:
+        notes.append(f"--outputs kept the model's '{kept[0]}' only; the files name it 'output'" if kept else "")
+    skipped = getattr(adapter, "skipped", None)
+    if skipped:
+        notes.append("not exported (not a tensor): " + ", ".join(skipped))
+    return [n for n in notes if n]
+
+
 def _note_data_check(run: ParityRun, check: DataCheck, log: Callable[[str], None]) -> None:
     """The preprocessing of image folders on the terminal; the comparison in the report and manifest."""
     run.extra["data_check"] = check.to_dict()
@@ -279,6 +301,7 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
                                       source=parity_data.source, layers=True if layers else None)
     reference.save(out_dir)
     arts.files["reference.npz"] = out_dir / "reference.npz"
+    arts.outputs = {k: [batch, *v.shape[1:]] for k, v in reference.outputs.items()}
     _record_peak(arts, "reference", meter.lap())
     key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint())
     return RunContext(model=model, target=target, out_dir=out_dir, calib=calib, reference=reference,
@@ -329,6 +352,7 @@ def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: 
                             unmasked=ctx.unmasked, artifacts=found.files)
     res.tolerance, res.metrics, res.checks, res.passed = fresh.tolerance, fresh.metrics, fresh.checks, fresh.passed
     res.histogram, res.nonfinite_source, res.parity_seconds = fresh.histogram, fresh.nonfinite_source, fresh.parity_seconds
+    res.output_metrics, res.sample_cosines = fresh.output_metrics, fresh.sample_cosines
     return True
 
 
@@ -430,6 +454,9 @@ def _stage_line(res: StageResult, peak: int | None = None, resumed: str | None =
     extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
              if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
+    if res.output_metrics:  # several outputs: the line's figures are the primary's; the worst other one is said too
+        name, worst = min(res.output_metrics.items(), key=lambda kv: kv[1].cosine_min)
+        acc += f" worst={name} cos_min={worst.cosine_min:.6f}" if worst.cosine_min < m.cosine_min else ""
     # a parity check of a second or more is said: the wait a heartbeat line counted includes it
     check = f" + check {res.parity_seconds:.2f}s" if res.parity_seconds >= 1.0 else ""
     when = f"resumed from OUT ({resumed})" if resumed else f"({res.seconds:.2f}s{check}{f', peak {_gb(peak)}' if peak else ''})"
@@ -464,6 +491,8 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "versions": _versions(),
         "recipe": recipe.model_dump(mode="json"),
         "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in model.example_inputs.items()},
+        # every output of the files, in their order (one output is "output")
+        "outputs": {k: {"shape": v} for k, v in arts.outputs.items()},
         "stages": {s.stage: {"seconds": round(s.seconds, 4), "passed": s.passed,
                              "peak_rss_bytes": arts.stage_peak_bytes.get(s.stage),
                              # a resumed stage's seconds are its recorded run's, finished then

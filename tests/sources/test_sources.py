@@ -17,6 +17,12 @@ def _out(m):
         return m.module(**m.example_inputs)
 
 
+def _first(m):
+    """The first of the model's tensor outputs (a base model returns several: last_hidden_state first)."""
+    out = _out(m)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def test_timm_shape_and_preprocess_from_pretrained_cfg():
     m = load_model("timm:vit_tiny_patch16_224")
     assert list(m.example_inputs) == ["x"]
@@ -91,7 +97,9 @@ def test_hf_text_encoder_gets_ids_and_mask(tmp_path):
     m = load_model(f"hf:{tmp_path}", input_shape="2,16")
     assert list(m.example_inputs) == ["input_ids", "attention_mask"]
     assert m.example_inputs["input_ids"].dtype == torch.int64
-    assert _out(m).shape == (2, 16, 32)  # last_hidden_state: the first tensor of the output
+    last, pooled = _out(m)  # every tensor of the output, in its order
+    assert m.output_names == ["last_hidden_state", "pooler_output"]
+    assert last.shape == (2, 16, 32) and pooled.shape == (2, 32)
 
 
 def test_hf_missing_config(tmp_path):
@@ -117,10 +125,13 @@ def test_python_example_inputs_fix_names_and_shapes(tiny_vit_file):
     assert _out(m).shape == (2, 5)
 
 
-def test_python_dict_output_reduces_to_logits(tiny_vit_file):
+def test_python_dict_output_keeps_every_tensor_by_name(tiny_vit_file):
     plain = load_model(f"python:{tiny_vit_file}:build", input_shape="1,3,32,32")
     wrapped = load_model(f"python:{tiny_vit_file}:build_tuple_output", input_shape="1,3,32,32")
-    torch.testing.assert_close(_out(wrapped), _out(plain))
+    logits, aux = _out(wrapped)
+    assert wrapped.output_names == ["logits", "aux"] and plain.output_names == ["output"]
+    torch.testing.assert_close(logits, _out(plain))
+    torch.testing.assert_close(aux, torch.zeros(1))
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -317,7 +328,7 @@ def test_hf_configs_keep_a_list_per_stage(tmp_path, name, config):
     cfg = eval(f"transformers.{config}")
     m = load_model(f"hf:{_hf_folder(tmp_path / name, cfg)}")
     assert tuple(m.example_inputs["pixel_values"].shape)[1:] == (3, cfg.image_size, cfg.image_size)
-    assert _out(m).ndim >= 2
+    assert _first(m).ndim >= 2
 
 
 def test_hf_vision_config_without_image_size_is_an_image_model(tmp_path):
@@ -364,4 +375,4 @@ def test_hf_roberta_default_length_fits_its_position_table(tmp_path):
     cfg = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=40, pad_token_id=1)
     m = load_model(f"hf:{_hf_folder(tmp_path, cfg)}")
-    assert tuple(m.example_inputs["input_ids"].shape) == (1, 38) and _out(m).shape == (1, 38, 32)
+    assert tuple(m.example_inputs["input_ids"].shape) == (1, 38) and _first(m).shape == (1, 38, 32)

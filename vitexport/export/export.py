@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..runners.torch_runner import primary_output
+from ..runners.torch_runner import tensor_outputs
 from ..errors import BadInput
 from ..graph.files import artifact_files
 from ..io import atomic_path
@@ -73,7 +73,7 @@ class ExportReport(Data):
 
 
 class _Positional(nn.Module):
-    """``forward(*inputs)`` → one tensor.
+    """``forward(*inputs)`` → the model's tensor outputs: one tensor, or a tuple in ``names`` order.
 
     The TorchScript exporter binds the default values of the top-level ``forward``'s parameters as
     traced inputs: timm's Eva ``forward(x, attn_mask=None, is_causal=False)`` then receives
@@ -85,8 +85,23 @@ class _Positional(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return primary_output(self.model(*inputs))
+    def forward(self, *inputs: torch.Tensor):
+        out = self.model(*inputs)
+        if getattr(self.model, "output_names", None) is not None:
+            return out  # an OutputAdapter's: already its tensor outputs, in output_names order
+        values = tuple(tensor_outputs(out)[0].values())
+        return values[0] if len(values) == 1 else values
+
+    def names(self, args: tuple) -> list[str]:
+        """The graph's output names: the adapter's ``output_names`` (after one forward when it has
+        not run yet), else the model's own (:func:`tensor_outputs`; one tensor is ``output``)."""
+        with _eval_mode(self.model), torch.no_grad():
+            out = self.model(*args) if getattr(self.model, "output_names", None) is None else None
+        known = getattr(self.model, "output_names", None)
+        if known is not None:
+            return list(known)
+        named = tensor_outputs(out)[0]
+        return [OUTPUT_NAME] if len(named) == 1 else list(named)
 
 
 @contextlib.contextmanager
@@ -106,7 +121,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def _torchscript(module: nn.Module, args: tuple, names: list[str], opset: int, path: Path) -> str | None:
+def _torchscript(module: nn.Module, args: tuple, names: list[str], outputs: list[str], opset: int, path: Path) -> str | None:
     with warnings.catch_warnings():
         # Shapes are static by design, so the tracer's "might not generalize" warnings hold no news;
         # the legacy-exporter notice is a deliberate choice (see the module docstring).
@@ -114,22 +129,22 @@ def _torchscript(module: nn.Module, args: tuple, names: list[str], opset: int, p
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*TorchScript-based ONNX export.*")
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=opset, input_names=names,
-            output_names=[OUTPUT_NAME], do_constant_folding=True,
+            output_names=outputs, do_constant_folding=True,
         )
     return None
 
 
-def _dynamo(module: nn.Module, args: tuple, names: list[str], opset: int, path: Path) -> str | None:
+def _dynamo(module: nn.Module, args: tuple, names: list[str], outputs: list[str], opset: int, path: Path) -> str | None:
     program = torch.onnx.export(
         module, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET), input_names=names,
-        output_names=[OUTPUT_NAME], optimize=True, verbose=False, report=False, verify=False,
+        output_names=outputs, optimize=True, verbose=False, report=False, verify=False,
     )
     model = program.model_proto
     produced = default_opset(model)
     model = convert_opset(model, opset)
     got_inputs = [i.name for i in model.graph.input]
     got_outputs = [o.name for o in model.graph.output]
-    if got_inputs != names or got_outputs != [OUTPUT_NAME]:
+    if got_inputs != names or got_outputs != outputs:
         raise RuntimeError(f"dynamo named the graph's inputs {got_inputs} and outputs {got_outputs}")
     path.write_bytes(model.SerializeToString())
     return f"dynamo wrote opset {produced}, converted to {opset}" if produced != opset else None
@@ -144,9 +159,10 @@ class _Run:
     contract allows: Hugging Face's Dinov2WithRegisters interpolates its position embeddings with
     antialiased bicubic resizing, which only opset 18's Resize expresses."""
 
-    wrapper: nn.Module
+    wrapper: _Positional
     args: tuple
     names: list[str]
+    outputs: list[str]
     spec: ExportSpec
     contract: ContractSpec | None
     tmp: Path
@@ -162,7 +178,7 @@ class _Run:
                 # torch prints its whole IR graph when a TorchScript export fails: into the log
                 with captured_output(f"torch.onnx.export ({exporter})") as printed:
                     with _eval_mode(self.wrapper), torch.no_grad(), rewrites:
-                        note = _EXPORTERS[exporter](self.wrapper, self.args, self.names, opset, self.tmp)
+                        note = _EXPORTERS[exporter](self.wrapper, self.args, self.names, self.outputs, opset, self.tmp)
             except OSError:
                 raise  # the disk, not the model: another exporter would fail the same way
             except Exception as exc:  # any exporter failure is a reason to try the other one
@@ -228,8 +244,10 @@ def export_onnx(
 
     Args:
         model: usually a :class:`vitexport.sources.OutputAdapter`; it is called with the inputs as
-            positional arguments in ``example_inputs`` order and must return one tensor (or an
-            output whose primary tensor :func:`primary_output` finds). It is not modified.
+            positional arguments in ``example_inputs`` order and returns a tensor, a tuple of tensors
+            (named by its ``output_names``), or a dict / Hugging Face output whose tensors become
+            the graph's outputs by name (:func:`tensor_outputs`; one tensor is ``output``). It is
+            not modified.
         example_inputs: input name → tensor; the names become the graph's input names and the
             shapes its static shapes (batch and image size come from here, i.e. from the recipe's
             ``batch_size`` or ``--input-shape``).
@@ -255,7 +273,8 @@ def export_onnx(
     # Exporters write straight into the temporary file (no in-memory copy of the weights); it is
     # renamed onto out_path only when one succeeded and removed otherwise.
     with atomic_path(out_path) as tmp:
-        run = _Run(_Positional(model), tuple(example_inputs.values()), names, spec, contract, tmp, attempts)
+        wrapper, args = _Positional(model), tuple(example_inputs.values())
+        run = _Run(wrapper, args, names, wrapper.names(args), spec, contract, tmp, attempts)
         opset, counts, extra = run.at(spec.opset)
         if opset is None:
             opset, counts, extra = run.higher()

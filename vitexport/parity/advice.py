@@ -68,7 +68,7 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
         The advice, e.g. ``"2 of 400 labelled samples lost; try: calibration.num_samples=256 (…), …"``.
     """
     lost = ""
-    if check is not None and check.metric == "accuracy_drop" and labelled:
+    if check is not None and check.metric.split("[")[0] == "accuracy_drop" and labelled:
         lost = f"{round(check.value * labelled)} of {labelled} labelled samples lost; "
     if stage in _INT8_STAGES:
         steps = _int8(recipe, calib_samples, labelled_calib)
@@ -78,7 +78,8 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
     else:
         steps = ["--layers to find the first layer that diverges", "export.exporter=dynamo"
                  if stage == StageName.export_onnx else "export.simplify=false"]
-    if check is not None and check.metric != "nonfinite":
-        key = _KEYS.get(check.metric, check.metric)
+    metric = check.metric.split("[")[0] if check is not None else ""  # cosine_min[pred_boxes]: one key for every output
+    if check is not None and metric not in ("nonfinite", "output_shape"):
+        key = _KEYS.get(metric, metric)
         steps.append(f"or accept it: parity.{stage}.{key}={accepting_limit(check)}")
     return f"{lost}try: " + ", ".join(steps)

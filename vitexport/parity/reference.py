@@ -20,10 +20,20 @@ from ..io import atomic_path
 from .layers import make_torch_probe
 from .nonfinite import locate_nonfinite
 
-__all__ = ["GoldenReference", "capture_reference", "vacuous_reason", "REFERENCE_FILE"]
+__all__ = ["GoldenReference", "capture_reference", "vacuous_reason", "primary_name", "REFERENCE_FILE"]
 
 REFERENCE_FILE = "reference.npz"
 _FORMAT = 1
+
+
+def primary_name(outputs: Iterable[str]) -> str:
+    """The output the classification metrics (top-1, accuracy) and the INT8 judge read: ``output``
+    (a model's only output), else ``logits``, else the first (the model's own order)."""
+    names = list(outputs)
+    for name in ("output", "logits"):
+        if name in names:
+            return name
+    return names[0]
 
 
 @dataclass
@@ -31,7 +41,9 @@ class GoldenReference:
     """Outputs of the untouched model on the parity inputs.
 
     Attributes:
-        outputs: output name → array over all samples (the primary output is ``'output'``).
+        outputs: output name → array over all samples, in the model's order: ``{'output': ...}``
+            for a model with one output, else every tensor output by its name (``logits``,
+            ``pred_boxes``...); :attr:`primary` names the one the classification metrics read.
         feeds: the parity inputs, one dict per batch (input name → array).
         labels: integer labels per sample, or None.
         source: what produced it (``'untouched torch model timm:vit_tiny...'``).
@@ -51,9 +63,14 @@ class GoldenReference:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def primary(self) -> str:
+        """The primary output's name: ``output`` (the only one), else ``logits``, else the first."""
+        return primary_name(self.outputs)
+
+    @property
     def output(self) -> np.ndarray:
-        """The primary output (``outputs['output']``)."""
-        return self.outputs["output"]
+        """The primary output (``outputs[self.primary]``)."""
+        return self.outputs[self.primary]
 
     @property
     def num_samples(self) -> int:
@@ -165,24 +182,23 @@ def capture_reference(
         if not was_active:
             runner.deactivate()
     outputs = {k: np.concatenate(v, axis=0) for k, v in outs.items()}
-    if "output" not in outputs:
-        # several named outputs: the first is the primary one (the exporter's order)
-        outputs = {"output": next(iter(outputs.values())), **outputs}
-    n = outputs["output"].shape[0]
+    n = outputs[primary_name(outputs)].shape[0]
     if labels is not None:
         labels = np.asarray(labels).reshape(-1)
         if len(labels) != n:
             raise BadInput(f"{len(labels)} labels for {n} parity samples")
-    bad = ~np.isfinite(outputs["output"])
-    if bad.any():
-        first = int(np.argwhere(bad.reshape(n, -1).any(1))[0][0]) if n else 0
-        where = _batch_of(feeds, first)
-        src = locate_nonfinite(runner, feeds[where])
-        raise BadInput(
-            f"the untouched model produces NaN/Inf on the parity inputs (sample {first}"
-            + (f", first at {src}" if src else "")
-            + "); no stage can be checked against it"
-        )
+    for name, out in outputs.items():
+        bad = ~np.isfinite(out)
+        if bad.any():
+            first = int(np.argwhere(bad.reshape(n, -1).any(1))[0][0]) if n else 0
+            where = _batch_of(feeds, first)
+            src = locate_nonfinite(runner, feeds[where])
+            said = "" if len(outputs) == 1 else f" in output '{name}'"
+            raise BadInput(
+                f"the untouched model produces NaN/Inf{said} on the parity inputs (sample {first}"
+                + (f", first at {src}" if src else "")
+                + "); no stage can be checked against it"
+            )
     layer_acts: dict[str, np.ndarray] | None = None
     layer_batches = 0
     if layers is not None and layers is not False:

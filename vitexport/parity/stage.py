@@ -60,6 +60,9 @@ class StageResult(Data):
             report's cosine plot); None when not measured (NaN/Inf outputs, older files).
         details: stage-specific data for ``parity.json`` (a pass report, export facts...); must
             be JSON-serialisable.
+        output_metrics: a model with several outputs: each output's metrics by name (``metrics``,
+            the histogram and the sample cosines are the primary output's); its checks are named
+            ``cosine_min[pred_boxes]``. None for a model with one output.
 
     In ``parity.json`` the layer report is split as before: ``layers`` (the list) and
     ``layer_summary`` (the rest); ``failed_metric`` is added for readers of the file.
@@ -83,6 +86,7 @@ class StageResult(Data):
     sample_cosines: list[float] | None = None
     parity_seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    output_metrics: dict[str, Metrics] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.passed)
@@ -134,6 +138,8 @@ class StageResult(Data):
     def _as_written(self, handler) -> dict[str, Any]:
         d = handler(self)
         report = d.pop("layer_report")
+        if d.get("output_metrics") is None:
+            d.pop("output_metrics", None)  # one output: the file reads as before several were gated
         d["failed_metric"] = self.failed_metric
         d["layers"] = report.pop("layers") if report is not None else None
         if report is not None:
@@ -247,27 +253,65 @@ class ParityRun(Data):
         return d
 
 
-def _primary(outputs: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``'output'``, else the first output: runners name a single output ``'output'``; a graph with
-    several keeps their names, and the exporter writes the model's primary output first."""
-    if "output" in outputs:
-        return outputs["output"]
-    return next(iter(outputs.values()))
-
-
-def _run(runner: BaseRunner, feeds: Iterable[Mapping[str, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
+def _run(runner: BaseRunner, feeds: Iterable[Mapping[str, np.ndarray]], names: Sequence[str]
+         ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]], list[str]]:
+    """The runner's outputs named as the reference's, samples stacked; per batch; the names it lacks.
+    A runner names a single output ``output`` whatever the graph calls it."""
     was_active = runner.is_active
     runner.activate()
     try:
-        per_batch = [np.asarray(_primary(out)) for out in runner.infer_many(list(feeds))]
+        per_batch = [dict(out) for out in runner.infer_many(list(feeds))]
     finally:
         if not was_active:
             runner.deactivate()
-    return np.concatenate(per_batch, axis=0), per_batch
+    if len(names) == 1 and per_batch and names[0] not in per_batch[0]:
+        per_batch = [{names[0]: next(iter(o.values()))} for o in per_batch]
+    missing = [n for n in names if not per_batch or n not in per_batch[0]]
+    outs = {n: np.concatenate([np.asarray(o[n]) for o in per_batch], axis=0) for n in names if n not in missing}
+    return outs, per_batch, missing
 
 
 def _mismatch_metrics() -> Metrics:
     return Metrics(math.inf, math.inf, math.inf, -1.0, -1.0, -math.inf)
+
+
+def _output_tolerance(tolerance: Tolerance, classifies: bool) -> Tolerance:
+    """Top-1 and accuracy gate the classification output only; distances gate every output."""
+    return tolerance if classifies else tolerance.model_copy(update={"top1_agreement": None, "accuracy_drop": None})
+
+
+def _classifier(reference: GoldenReference) -> str | None:
+    """The output top-1 and accuracy apply to: ``logits``, else the primary output when it is 2-D."""
+    name = reference.primary
+    return name if name == "logits" or reference.outputs[name].ndim == 2 else None
+
+
+def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict[str, np.ndarray],
+                     missing: list[str], tolerance: Tolerance, unmasked) -> None:
+    """Gate every output; with several, each check is named after its output (``cosine_min[pred_boxes]``)."""
+    several, primary, cls = len(reference.outputs) > 1, reference.primary, _classifier(reference)
+    per: dict[str, Metrics] = {}
+    for name, ref in reference.outputs.items():
+        tag = f"[{name}]" if several else ""
+        out = outs.get(name)
+        if name in missing or out is None or out.shape != ref.shape:
+            per[name] = _mismatch_metrics()
+            result.checks.append(Check(f"output_shape{tag}", 0.0, 1.0, ">=", False))
+            result.notes.append(f"output '{name}' missing from {result.engine}'s outputs" if out is None else
+                                f"output {'' if not several else repr(name) + ' '}shape {tuple(out.shape)} differs "
+                                f"from the reference's {tuple(ref.shape)}")
+            continue
+        mask = unmasked.get(name) if isinstance(unmasked, Mapping) else (unmasked if name == primary else None)
+        cmp = compare(ref, out, _output_tolerance(tolerance, name == cls or not several),
+                      labels=reference.labels if name == cls or not several else None, unmasked=mask)
+        per[name] = cmp.metrics
+        result.checks.extend(Check(f"{c.metric}{tag}", c.value, c.limit, c.op, c.passed) for c in cmp.checks)
+        if name == primary:
+            result.histogram = error_histogram(ref, out, cmp.metrics.ref_scale)
+            result.sample_cosines = sample_cosines(ref, out)
+    result.metrics = per[primary]
+    result.output_metrics = per if several else None
+    result.passed = all(c.passed for c in result.checks)
 
 
 def check_stage(
@@ -279,11 +323,15 @@ def check_stage(
     changed: int | None = None,
     seconds: float = 0.0,
     notes: Sequence[str] = (),
-    unmasked: np.ndarray | None = None,
+    unmasked: np.ndarray | Mapping[str, np.ndarray] | None = None,
     artifacts: Mapping[str, str | Path] | None = None,
     locate_nonfinite: bool = True,
 ) -> StageResult:
-    """Run ``runner`` on the golden inputs and gate its output with ``tolerance``.
+    """Run ``runner`` on the golden inputs and gate each of its outputs with ``tolerance``.
+
+    A model with several outputs has each gated: cosine and max_abs on every output, top-1 and
+    accuracy on the classification output only (``logits``, else a 2-D primary output); its checks
+    are named after the output (``cosine_min[pred_boxes]``) and the stage passes only when all hold.
 
     Args:
         stage: the stage name (a recipe stage, or any label).
@@ -293,39 +341,29 @@ def check_stage(
         changed: sites the pass rewrote (pass stages).
         seconds: how long the stage itself took.
         notes: free text kept in the report.
-        unmasked: boolean array of the output's shape marking positions that must match exactly
-            (``Tolerance.exact_unmasked``, the ``mask_to_where`` contract).
+        unmasked: boolean array of the primary output's shape (or output name → array) marking
+            positions that must match exactly (``Tolerance.exact_unmasked``, the ``mask_to_where`` contract).
         artifacts: files the stage wrote (name → path).
-        locate_nonfinite: when the output holds NaN/Inf, find the first op/module producing it.
+        locate_nonfinite: when an output holds NaN/Inf, find the first op/module producing it.
     Returns:
         The :class:`StageResult` (never raises on a parity failure; ``.failure()`` is the error to raise).
     """
     t0 = time.perf_counter()
-    ref = reference.output
-    out, per_batch = _run(runner, reference.feeds)
+    outs, per_batch, missing = _run(runner, reference.feeds, list(reference.outputs))
     result = StageResult(stage=stage, engine=runner.engine, changed=changed, tolerance=tolerance,
                          seconds=float(seconds), notes=list(notes),
                          artifacts={k: str(v) for k, v in (artifacts or {}).items()})
     result.reference = str(reference.meta.get("label", DEFAULT_REFERENCE))
-    if out.shape != ref.shape:
-        result.metrics = _mismatch_metrics()
-        result.checks = [Check("output_shape", 0.0, 1.0, ">=", False)]
-        result.notes.append(f"output shape {tuple(out.shape)} differs from the reference's {tuple(ref.shape)}")
-        result.passed = False
-        result.parity_seconds = time.perf_counter() - t0
-        return result
-    cmp = compare(ref, out, tolerance, labels=reference.labels, unmasked=unmasked)
-    result.metrics, result.checks, result.passed = cmp.metrics, list(cmp.checks), bool(cmp)
-    result.histogram = error_histogram(ref, out, cmp.metrics.ref_scale)
-    result.sample_cosines = sample_cosines(ref, out)
-    if cmp.metrics.nonfinite and locate_nonfinite:
+    _compare_outputs(result, reference, outs, missing, tolerance, unmasked)
+    if locate_nonfinite and any(m.nonfinite for m in (result.output_metrics or {"": result.metrics}).values()):
         _locate(result, runner, reference, per_batch)
     result.parity_seconds = time.perf_counter() - t0
     return result
 
 
-def _locate(result: StageResult, runner: BaseRunner, reference: GoldenReference, per_batch: list[np.ndarray]) -> None:
-    b = next(i for i, o in enumerate(per_batch) if not np.isfinite(o).all())
+def _locate(result: StageResult, runner: BaseRunner, reference: GoldenReference,
+            per_batch: list[dict[str, np.ndarray]]) -> None:
+    b = next(i for i, o in enumerate(per_batch) if not all(np.isfinite(v).all() for v in o.values()))
     try:
         src = locate_nonfinite_source(runner, reference.feeds[b])
     except Exception as exc:  # a diagnostic must not hide the gate's verdict

@@ -103,15 +103,23 @@ def check_input_shape(model: LoadedModel) -> None:
                        f"{built}") from None
 
 
-def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+def _forward(model: LoadedModel, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Each of the model's tensor outputs over ``feeds`` (one array per output, samples stacked)."""
     import torch  # torch on first use: preflight loads with calibration, which ONNX-only work imports
 
-    outs = []
+    outs: list[list[np.ndarray]] = []
     with torch.no_grad():
         for feed in feeds:
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(model.example_inputs[k].dtype) for k, v in feed.items()}
-            outs.append(model.module(**tensors).detach().float().cpu().numpy())
-    return np.concatenate(outs, axis=0)
+            out = model.module(**tensors)
+            outs.append([t.detach().float().cpu().numpy() for t in (out if isinstance(out, tuple) else (out,))])
+    return [np.concatenate(per, axis=0) for per in zip(*outs)]
+
+
+def _primary(model: LoadedModel, outs: list[np.ndarray]) -> np.ndarray:
+    """The classification output labels index: ``logits`` among several, else the first."""
+    names = getattr(model.module, "model_output_names", None) or []
+    return outs[names.index("logits")] if "logits" in names and len(names) == len(outs) else outs[0]
 
 
 def check_model(model: LoadedModel, samples: SampleSet) -> None:
@@ -126,8 +134,10 @@ def check_model(model: LoadedModel, samples: SampleSet) -> None:
     batch = feed_size(model.example_inputs)
     feeds = [next(iter(samples.batches(batch)))]
     with _model_call(model, "in forward"):
-        first = _forward(model, feeds)
-        second = _forward(model, feeds)
+        firsts = _forward(model, feeds)
+        seconds = _forward(model, feeds)
+    first = np.concatenate([o.reshape(-1) for o in firsts])
+    second = np.concatenate([o.reshape(-1) for o in seconds])
     if first.shape != second.shape or not np.allclose(first, second, rtol=1e-5, atol=1e-6 * max(float(np.nanmax(np.abs(first), initial=0)), 1.0), equal_nan=True):
         diff = float(np.nanmax(np.abs(first - second))) if first.shape == second.shape else float("nan")
         raise BadInput(
@@ -135,6 +145,7 @@ def check_model(model: LoadedModel, samples: SampleSet) -> None:
             "two runs in eval mode); parity needs a deterministic model: disable dropout, random masking or "
             "sampling in eval mode (does forward honour model.eval()?)"
         )
+    first = _primary(model, firsts)
     if samples.labels is not None and first.ndim == 2 and len(samples.labels):
         top = int(np.max(samples.labels))
         if top >= first.shape[1]:

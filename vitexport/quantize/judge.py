@@ -20,13 +20,20 @@ from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
 from .tail import GateInfo, Prediction, predict
 
-__all__ = ["Verdict", "Judge", "run_outputs"]
+__all__ = ["Verdict", "Judge", "run_outputs", "primary_index"]
+
+
+def primary_index(names: list[str]) -> int:
+    """Which of a graph's outputs the judge reads: ``logits`` among several, else the first (the
+    gate checks every output; the fallback steers by this one)."""
+    return names.index("logits") if "logits" in names else 0
 
 
 def run_outputs(model: ir.Model, feeds: FeedSet, config: SessionConfig = LOW_MEMORY) -> np.ndarray:
-    """The model's first output over ``feeds`` (padding trimmed), float32."""
+    """The model's primary output (:func:`primary_index`) over ``feeds`` (padding trimmed), float32."""
     sess = Session(model, config)
-    out = [sess.run(None, f)[0] for f in feeds]
+    i = primary_index(sess.output_names)
+    out = [sess.run(None, f)[i] for f in feeds]
     del sess
     return feeds.trim(np.concatenate(out, axis=0)).astype(np.float32)
 
@@ -90,10 +97,11 @@ class Judge:
         """The verdict on one Q/DQ model (two ONNX Runtime sessions' worth of inference)."""
         self.evaluations += 1
         sess = Session(qdq, self.config)
-        out_sel = self.select.trim(np.concatenate([sess.run(None, f)[0] for f in self.select])).astype(np.float32)
+        i = primary_index(sess.output_names)
+        out_sel = self.select.trim(np.concatenate([sess.run(None, f)[i] for f in self.select])).astype(np.float32)
         out_scr = None
         if self.ref_scr is not None:
-            out_scr = self.screen.trim(np.concatenate([sess.run(None, f)[0] for f in self.screen])).astype(np.float32)
+            out_scr = self.screen.trim(np.concatenate([sess.run(None, f)[i] for f in self.screen])).astype(np.float32)
         del sess
         ref = self.ref_sel.reshape(out_sel.shape) if self.ref_sel.size == out_sel.size else self.ref_sel
         sel = compare(ref, out_sel, self.tol, labels=self.select.labels)

@@ -1,12 +1,49 @@
 """Run an ``nn.Module`` on numpy feeds; outputs are flattened the way the exporter sees them."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 import torch
 
 from .base import BaseRunner, InputSpec, feed_size
 
-__all__ = ["TorchRunner", "primary_output"]
+__all__ = ["TorchRunner", "primary_output", "tensor_outputs", "SINGLE_OUTPUT"]
+
+#: the name of a model's only output, whatever the model called it: every runner names it so
+SINGLE_OUTPUT = "output"
+
+
+def _kind(v) -> str:
+    return "None" if v is None else type(v).__name__
+
+
+def tensor_outputs(out) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Every tensor a forward returned, by name, in the model's order, and what was left out.
+
+    A tensor is ``output``; a dict or Hugging Face output keeps its keys (in their order); a tuple
+    or list is ``output_0``, ``output_1``, ... Entries that are not tensors (None, a tuple of hidden
+    states, ``past_key_values``) have no ONNX output to become: they are returned as
+    ``'name (type)'`` for the caller to say so.
+
+    Raises:
+        TypeError: the output holds no tensor at its top level.
+    """
+    if isinstance(out, torch.Tensor):
+        return {SINGLE_OUTPUT: out}, []
+    if isinstance(out, Mapping):  # a Hugging Face ModelOutput is an OrderedDict
+        items = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, (tuple, list)):
+        items = [(f"output_{i}", v) for i, v in enumerate(out)]
+    elif hasattr(out, "to_tuple"):
+        items = [(f"output_{i}", v) for i, v in enumerate(out.to_tuple())]
+    else:
+        raise TypeError(f"model output of type {type(out).__name__} holds no tensor")
+    # a 0-d tensor (a loss) has no sample axis for parity to compare by: left out like a non-tensor
+    kept = {k: v for k, v in items if isinstance(v, torch.Tensor) and v.dim() > 0}
+    if not kept:
+        raise TypeError(f"model output of type {type(out).__name__} holds no tensor at its top level")
+    return kept, [f"{k} ({'0-d tensor' if isinstance(v, torch.Tensor) else _kind(v)})" for k, v in items if k not in kept]
 
 
 def primary_output(out) -> torch.Tensor:
@@ -43,7 +80,6 @@ class TorchRunner(BaseRunner):
         super().__init__(name)
         self.module = module
         self.example_inputs = example_inputs
-        self._output_name = "output"
         self.batch_agnostic = True
         self.group = 64
 
@@ -86,5 +122,11 @@ class TorchRunner(BaseRunner):
     def infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with torch.no_grad():
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
-            out = primary_output(self.module(**tensors))
-        return {self._output_name: out.detach().float().cpu().numpy()}
+            out = self.module(**tensors)
+        names = getattr(self.module, "output_names", None)  # an OutputAdapter's: several outputs as a tuple
+        if names and isinstance(out, tuple) and len(names) == len(out):
+            named = dict(zip(names, out))
+        else:
+            named, _ = tensor_outputs(out)
+            named = {SINGLE_OUTPUT: next(iter(named.values()))} if len(named) == 1 else named
+        return {k: v.detach().float().cpu().numpy() for k, v in named.items()}

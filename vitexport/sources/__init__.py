@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -160,6 +161,14 @@ def _head_request(scheme: str, state, weights, num_classes: int | None) -> HeadR
     return HeadRequest(state, weights, num_classes)
 
 
+def _output_list(outputs: Sequence[str] | str | None) -> list[str] | None:
+    """``'logits,pred_boxes'`` (``--outputs``) or a list → the names; None or empty → every output."""
+    if outputs is None:
+        return None
+    names = [n.strip() for n in (outputs.split(",") if isinstance(outputs, str) else outputs) if n and n.strip()]
+    return list(dict.fromkeys(names)) or None
+
+
 def load_model(
     uri: str,
     weights: str | Path | None = None,
@@ -167,6 +176,7 @@ def load_model(
     batch_size: int = 1,
     trust_pickle: bool = False,
     num_classes: int | None = None,
+    outputs: Sequence[str] | str | None = None,
 ) -> LoadedModel:
     """Build the model a URI names, load ``weights`` into it, and fix its example inputs.
 
@@ -183,6 +193,8 @@ def load_model(
             (``num_labels`` for ``hf:``). None: the size of the ``weights``' own head tensor when
             it differs from the model's (a fine-tuned checkpoint), else the model's own; a note
             says which was built.
+        outputs: keep only these of the model's tensor outputs (``'logits,pred_boxes'`` or a list);
+            default every one. An unknown name is BadInput at the first forward (preflight).
     Returns:
         A :class:`LoadedModel` in eval mode.
     Raises:
@@ -208,7 +220,7 @@ def load_model(
     else:
         inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
-    adapter = OutputAdapter(model, list(inputs), keyword=keyword).eval()
+    adapter = OutputAdapter(model, list(inputs), keyword=keyword, outputs=_output_list(outputs)).eval()
     loaded = LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
     takes = meta.get("input_size")
     if shape is not None and (takes is None or tuple(shape[1:]) != tuple(takes)):

@@ -4,13 +4,13 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
-from ..runners.torch_runner import primary_output
-from ..errors import BadInput
+from ..runners.torch_runner import SINGLE_OUTPUT, tensor_outputs
+from ..errors import BadInput, did_you_mean
 
 __all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify", "seeded", "BUILD_SEED", "built_input_size"]
 
@@ -34,17 +34,27 @@ class Preprocess:
 
 
 class OutputAdapter(nn.Module):
-    """Calls the wrapped model with keyword inputs in a fixed order and returns one tensor.
+    """Calls the wrapped model with keyword inputs in a fixed order and returns its tensor outputs.
 
     The exporter passes positional arguments; this fixes their names. A tuple, dict or Hugging Face
-    output object is reduced to its ``logits`` (or first tensor).
+    output becomes every tensor it holds, in its order (:func:`tensor_outputs`): one tensor is
+    returned as it is, several as a tuple whose names are ``output_names`` (known after the first
+    call). ``outputs`` keeps only those named; entries that are not tensors are listed in ``skipped``.
     """
 
-    def __init__(self, model: nn.Module, input_names: list[str], keyword: bool = True):
+    def __init__(self, model: nn.Module, input_names: list[str], keyword: bool = True,
+                 outputs: Sequence[str] | None = None):
         super().__init__()
         self.model = model
         self.input_names = list(input_names)
         self.keyword = keyword
+        self.select = list(outputs) if outputs else None
+        #: the names of what forward returns (``['output']`` for one tensor); None until the first call
+        self.output_names: list[str] | None = None
+        #: the model's own names of the outputs kept (``['logits']`` where ``output_names`` is ``['output']``)
+        self.model_output_names: list[str] | None = None
+        #: the model's outputs left out: not tensors (``'hidden_states (tuple)'``)
+        self.skipped: list[str] = []
 
     def forward(self, *args, **kwargs):
         if args:
@@ -54,10 +64,26 @@ class OutputAdapter(nn.Module):
         else:
             out = self.model(*(kwargs[n] for n in self.input_names))
         try:
-            return primary_output(out)
+            named, skipped = tensor_outputs(out)
         except TypeError:
             raise BadInput(f"the model's forward returned {type(out).__name__}, which holds no tensor; it must return "
                            "a tensor (or a dict, tuple or Hugging Face output holding one)") from None
+        if self.select is not None:
+            named = _select(named, self.select)
+        if self.model_output_names != list(named):  # once: an export traces this call again
+            self.model_output_names, self.skipped = list(named), skipped
+            self.output_names = [SINGLE_OUTPUT] if len(named) == 1 else list(named)
+        values = tuple(named.values())
+        return values[0] if len(values) == 1 else values
+
+
+def _select(named: dict[str, torch.Tensor], wanted: list[str]) -> dict[str, torch.Tensor]:
+    """The outputs ``wanted`` (``--outputs``), in the model's order; an unknown name is BadInput."""
+    for name in wanted:
+        if name not in named:
+            raise BadInput(f"--outputs {','.join(wanted)}: the model has no tensor output '{name}'"
+                           f"{did_you_mean(name, named)}; its outputs are {', '.join(named)}")
+    return {k: v for k, v in named.items() if k in wanted}
 
 
 @dataclass
@@ -65,7 +91,8 @@ class LoadedModel:
     """A model ready for the pipeline.
 
     Attributes:
-        module: an ``OutputAdapter`` in eval mode; ``module(**example_inputs)`` returns one tensor.
+        module: an ``OutputAdapter`` in eval mode; ``module(**example_inputs)`` returns its
+            tensor output, or a tuple of them named by ``output_names``.
         example_inputs: name → tensor with the static export shapes and dtypes.
         name: a slug used for the default output folder.
         family: ``timm`` | ``torchvision`` | ``hf`` | ``python``.
@@ -83,6 +110,15 @@ class LoadedModel:
     @property
     def input_names(self) -> list[str]:
         return list(self.example_inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of the model's tensor outputs (``['output']`` for one): the adapter's, from its
+        first call, else from one forward on the example inputs now."""
+        if self.module.output_names is None:
+            with torch.no_grad():
+                self.module(**self.example_inputs)
+        return list(self.module.output_names or [])
 
 
 def parse_input_shape(text: str | None) -> tuple[int, ...] | None:

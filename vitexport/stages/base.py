@@ -166,7 +166,7 @@ class RunContext:
     out_dir: Path
     calib: SampleSet
     reference: GoldenReference
-    unmasked: np.ndarray | None
+    unmasked: np.ndarray | dict[str, np.ndarray] | None
     key: str
     layers: bool = False
     keep_source: bool = True

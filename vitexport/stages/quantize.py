@@ -43,6 +43,9 @@ class QuantizeStage:
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
         attention = ctx.target.attention_note(q.attention)
         notes = [*q.notes, *_predicted(q), *([attention] if attention else []), *_precision(q, int8), ctx.target.arithmetic]
+        if len(ctx.reference.outputs) > 1:
+            notes.append(f"the calibration judge and fallback steer by the primary output '{ctx.reference.primary}'; "
+                         "this stage's gate checks every output")
         # the scale table and what the target wrote from the scales (orin: calibration.cache) are
         # kept, hashed and resumed with the model
         written = [Path(p) for key, p in q.artifacts.items() if key != "model"]
