@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from passes_zoo import randomise_layernorms, seed_vit
+from passes_zoo import first_output_adapter, randomise_layernorms, seed_vit
 from vitexport.sources import OutputAdapter
 
 __all__ = ["ZooCase", "ZOO", "SLOW", "CORE", "EXPORT_FAST"]
@@ -56,8 +56,8 @@ def _wrap(model: nn.Module, size: int, key: str = "x", batch: int = 2) -> tuple[
     model = randomise_layernorms(model.eval())
     images = _images(size, batch)
     if key == "x":
-        return OutputAdapter(model, ["x"], keyword=False).eval(), images
-    return OutputAdapter(model, [key]).eval(), lambda i: {key: images(i)["x"]}
+        return first_output_adapter(model, ["x"], images(0), keyword=False), images
+    return first_output_adapter(model, [key], {key: images(0)["x"]}), lambda i: {key: images(i)["x"]}
 
 
 def _timm(name: str, size: int = 32, **kw) -> Callable[[], tuple[nn.Module, Inputs]]:
@@ -137,7 +137,7 @@ def _hf_text(config: str, model: str, **kw):
             ids = torch.where(mask.bool(), torch.randint(3, 100, (2, seq), generator=g), 1)
             return {"input_ids": ids, "attention_mask": mask}
 
-        return OutputAdapter(m, ["input_ids", "attention_mask"]).eval(), make
+        return first_output_adapter(m, ["input_ids", "attention_mask"], make(0)), make
 
     return build
 
