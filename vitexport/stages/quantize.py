@@ -54,9 +54,9 @@ class QuantizeStage:
             files[path.name] = path
         # where the artifact runs, for the report's summary (the report reads parity.json, not the target)
         where = {"name": ctx.target.name, "engine": ctx.target.engine, "runs_on": ctx.target.where}
-        details = {"quantize": q.to_dict(), "target": where}
-        if ctx.target.int8_share_stage == self.name:  # the file's coverage is what the runtime runs: gated here
-            details[SHARE_KEY] = file_share(q, ctx.target, int8.name).to_dict()
+        # the file's coverage, every float GEMM/Conv with why: gated here where the runtime runs the file as
+        # written (the target's int8_share_stage); said only where a compiler re-decides (its stage gates)
+        details = {"quantize": q.to_dict(), "target": where, SHARE_KEY: file_share(q, ctx.target, int8.name).to_dict()}
         return StageOutput(files=files, notes=notes, details=details,
                            layers=_layers(ctx, fp32, int8) if ctx.layers else None)
 
@@ -85,8 +85,10 @@ def file_share(q, target, file: str) -> Int8Share:
                          why.get(f["node"], "no Q/DQ written on its inputs (annotate found no INT8 pattern for it)"))
               for f in p.get("float_gemms") or []]
     total = int(p.get("int8_gemm_macs", 0)) + int(p.get("float_gemm_macs", 0))
-    return Int8Share(float(p.get("int8_gemm_macs_share", 0.0)), f"the Q/DQ coverage of {file}, which "
-                     f"{target.engine or 'the runtime'} runs as written", total, layers, hints=share_hints(q, target))
+    engine, stage = target.engine or "the runtime", target.int8_share_stage
+    source = (f"the Q/DQ coverage of {file}, which {engine} runs as written" if stage in (None, StageName.quantize_int8)
+              else f"the Q/DQ coverage of {file} only: {engine} re-decides precisions, its own figure is {stage}'s")
+    return Int8Share(float(p.get("int8_gemm_macs_share", 0.0)), source, total, layers, hints=share_hints(q, target))
 
 
 def share_hints(q, target) -> list[str]:

@@ -62,7 +62,7 @@ def runtime_share(precisions: RuntimePrecisions, quantized: set[str], hints: Seq
         node = _source_node(sources)
         why = (f"Q/DQ'd in {INT8_ONNX}, yet OpenVINO's low-precision transformations kept it in {prec}"
                if quantized & set(s.split("/WithoutBiases")[0] for s in sources) else
-               f"no Q/DQ on it in {INT8_ONNX} (quantize_int8's notes say why the quantizer left it float)")
+               f"no Q/DQ on it in {INT8_ONNX} (quantize_int8's INT8-share note says why the quantizer left it float)")
         layers.append(FloatLayer(node, layer, macs, f"{prec} on the CPU plugin", why))
     total = sum(sum(p.values()) for p in precisions.macs.values())
     return Int8Share(precisions.int8_share, "OpenVINO's runtime model (CPU plugin)", total, layers, hints=list(hints))

@@ -160,7 +160,7 @@ def _float_why(row: OpRow, route: str, stripped: dict[str, str], quantized: set[
     if row.source in quantized:
         return (f"Q/DQ'd in {RKNN_ONNX}, yet RKNN chose {row.dtype.lower()} (it runs a GEMM/Conv in INT8 only with "
                 "its output Q/DQ'd and a supported pattern)")
-    return f"no Q/DQ on it in {RKNN_ONNX} (quantize_int8's notes say why the quantizer left it float)"
+    return f"no Q/DQ on it in {RKNN_ONNX} (quantize_int8's INT8-share note says why the quantizer left it float)"
 
 
 def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints: list[str]) -> Int8Share:
