@@ -35,7 +35,8 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import attr, const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
 
-__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary", "weight_bytes"]
+__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary", "weight_bytes",
+           "reads_int8"]
 
 FP16_MAX = 65504.0
 _FP16_TINY = 6.0e-8  # smallest positive float16 (subnormal)
@@ -322,6 +323,13 @@ def weight_bytes(model: ir.Model) -> dict[str, int]:
     return out
 
 
+def reads_int8(n: ir.Node) -> bool:
+    """Whether a GEMM/Conv reads both its activation and its weight through DequantizeLinear (runs INT8
+    where the runtime honours the file's Q/DQ)."""
+    return all(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
+               for i in n.inputs[:2])
+
+
 def precision_summary(model: ir.Model) -> dict[str, Any]:
     """What the engine will run, from the file alone: the INT8 share of GEMM/Conv multiply-accumulates,
     the bytes of FP16 and FP32 tensors (weights and every activation of one run, summed: not a memory
@@ -333,8 +341,7 @@ def precision_summary(model: ir.Model) -> dict[str, Any]:
         if n.op_type not in MAC_OPS:
             continue
         macs = node_macs(n)  # the plan's formula: groups and Gemm's transB counted as annotate counts them
-        quantized = all(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
-                        for i in n.inputs[:2])
+        quantized = reads_int8(n)
         int8_macs, float_macs = (int8_macs + macs, float_macs) if quantized else (int8_macs, float_macs + macs)
         if not quantized:
             float_gemms.append({"node": n.name, "op": n.op_type, "macs": macs})

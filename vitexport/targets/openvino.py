@@ -19,8 +19,10 @@ from typing import ClassVar, Sequence
 import onnx_ir as ir
 
 from ..graph.files import load_model
+from ..graph.macs import MAC_OPS
 from ..graph.query import quantized_linears
 from ..parity.share import SHARE_KEY, FloatLayer, Int8Share
+from ..quantize.precision import reads_int8
 from ..recipe import Recipe, StageName
 from ..runners import OpenVinoRunner, save_ir
 from ..runners.openvino_runner import RuntimePrecisions
@@ -82,12 +84,14 @@ class BuildIrStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         xml, bin_ = save_ir(ctx.files[INT8_ONNX], ctx.out_dir / IR_XML)
-        linears = quantized_linears(load_model(ctx.files[INT8_ONNX]))
+        qdq = load_model(ctx.files[INT8_ONNX])
+        linears = quantized_linears(qdq)
         with OpenVinoRunner(xml) as runner:
             prec = runner.precisions()
         missing = linears_not_int8(prec, linears)
         runtime = {**prec.to_dict(), "quantized_linears": len(linears), "linears_not_int8": missing}
-        share = runtime_share(prec, {n.name for n in linears}, ctx.target.int8_share_hints)
+        int8 = {n.name for n in qdq.graph if n.op_type in MAC_OPS and reads_int8(n)}
+        share = runtime_share(prec, int8, ctx.target.int8_share_hints)
         notes = [f"OpenVINO CPU plugin runtime model: {prec.int8_share:.1%} of GEMM/Conv multiply-accumulates in "
                  f"INT8 kernels; {len(linears) - len(missing)} of {len(linears)} quantized Linears run INT8"
                  + (f" (not: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})" if missing else "")]

@@ -33,6 +33,7 @@ from ..graph.macs import MAC_OPS
 from ..graph.split import split_integer_prefix
 from ..io import atomic_path
 from ..parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
+from ..quantize.precision import reads_int8
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner, RecordedRunner, record_outputs
 from ..runners.sessions import QDQ_AS_FLOAT
@@ -144,13 +145,6 @@ def _notes(report: dict) -> list[str]:
     return lines
 
 
-def _gemm_inputs_quantized(onnx_path: Path) -> set[str]:
-    """The GEMM/Conv nodes of the file RKNN compiled whose inputs are dequantized (Q/DQ'd)."""
-    return {n.name for n in load_model(onnx_path).graph if n.op_type in MAC_OPS
-            and any(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
-                    for i in n.inputs[:2])}
-
-
 def _float_why(row: OpRow, route: str, stripped: dict[str, str], quantized: set[str]) -> str:
     """Why RKNN runs a GEMM/Conv in float: a layout pass's rule, RKNN's own quantizer, the quantizer's file."""
     if row.source in stripped:
@@ -167,7 +161,7 @@ def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints:
     """What RKNN's op table says about INT8: the share, every GEMM/Conv it runs in float with why, and
     the ops it placed on the CPU (compute apart from data movement, :data:`DATA_MOVEMENT`)."""
     stripped = dict(layout.get("skipped") or {})  # node → the layout pass's reason (ConvsInFloat's rule)
-    quantized = _gemm_inputs_quantized(compiled)
+    quantized = {n.name for n in load_model(compiled).graph if n.op_type in MAC_OPS and reads_int8(n)}
     rows = [r for r in res.ops if r.op_type not in ("InputOperator", "OutputOperator")]
     floats = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the {r.target}",
                          _float_why(r, route, stripped, quantized)) for r in rows if r.is_gemm and r.dtype != "INT8"]
