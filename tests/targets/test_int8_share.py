@@ -122,6 +122,7 @@ def _fails_then_passes_with_the_share_lowered(tmp_path, target: str, body: str, 
     # accepted explicitly: the stage is resumed from rejected/ and gated again with the lower limit
     ok = run_cli(*args, "--set", f"parity.{stage}.int8_share_min={share['share'] / 2:.4f}")
     assert ok.returncode == 0, ok.stderr[-2000:]
+    assert f"{stage:<16} onnxruntime" in ok.stdout and "gated again with this run's tolerance" in ok.stdout, ok.stdout
     assert not (out / "rejected").exists()
     return share
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..parity import localize_layers
-from ..parity.share import SHARE_KEY, FloatLayer, Int8Share
+from ..parity.share import SHARE_KEY, SHARE_METRICS, FloatLayer, Int8Share
 from ..quantize import GateInfo, quantize_int8
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner
@@ -33,10 +33,12 @@ class QuantizeStage:
         return recipe.stages.quantize_int8.enabled
 
     def key(self, ctx: RunContext) -> str:
+        # the budget steers the fallback; the INT8-share limits judge the file only: a changed limit
+        # resumes the stage and gates it again (pipeline._regate) instead of quantizing anew
         r = ctx.recipe
         return content_key(ctx.key, model_hash(ctx.files[FP32_ONNX]), ctx.calib.fingerprint(),
                            r.calibration.model_dump(mode="json"), r.quantization.model_dump(mode="json"),
-                           r.target, r.tolerance(self.name).model_dump(mode="json"))
+                           r.target, r.tolerance(self.name).model_dump(mode="json", exclude=set(SHARE_METRICS.values())))
 
     def run(self, ctx: RunContext) -> StageOutput:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
