@@ -25,7 +25,8 @@ from zoo_entry import ENTRY, write_hf_folder  # noqa: E402
 from zoo_families import EXPORT_FAST, ZOO, ZooCase  # noqa: E402
 
 #: what vitexport itself prints without -v: stage lines, notes, the summary and its file list
-_STDOUT = re.compile(r"^(\[(pass|FAIL)\] \S+ .*\(\d+\.\d+s.*\)|note: .+|accuracy on .+|all stages passed; artifacts in .+|  \S+)$")
+_STDOUT = re.compile(r"^(\[(pass|FAIL)\] \S+ .*\(\d+\.\d+s.*\)|note: .+|accuracy on .+|all stages passed; artifacts in .+|"
+                     r"REJECTED: .+|  \S+)$")  # REJECTED: a failed gate's last line (exit 1)
 _STDERR = re.compile(r"^vitexport: (error|warning): .+$")
 #: latency timing repeats runs for seconds: not what the zoo checks
 _QUICK = ["--set", "quantization.measure_latency=false"]
