@@ -46,6 +46,7 @@ from .io import atomic_write_json, display_path, sha256_file
 from .memory import PeakMeter, process_peak_bytes, resident_bytes
 from .parity import GoldenReference, ParityRun, StageResult, capture_reference, check_stage, write_reports
 from .parity.advice import failure_advice
+from .parity.share import gate_int8_share
 from .parity.stage import mark_vacuous
 from .progress import Heartbeat
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
@@ -353,6 +354,7 @@ def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: 
     res.tolerance, res.metrics, res.checks, res.passed = fresh.tolerance, fresh.metrics, fresh.checks, fresh.passed
     res.histogram, res.nonfinite_source, res.parity_seconds = fresh.histogram, fresh.nonfinite_source, fresh.parity_seconds
     res.output_metrics, res.sample_cosines = fresh.output_metrics, fresh.sample_cosines
+    gate_int8_share(res, tol)
     return True
 
 
@@ -369,6 +371,7 @@ def _execute(stage: Stage, ctx: RunContext, beat: Heartbeat, log: Callable[[str]
             res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
                               seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)
     res.details.update(out.details)
+    gate_int8_share(res, ctx.recipe.tolerance(stage.name))  # what the stage's backend ran in INT8 (its details)
     if out.layers is not None:
         res.attach_layers(out.layers)
     return res, out.files

@@ -110,6 +110,19 @@ class Tolerance(_Spec):
         default=None, description="largest allowed drop of accuracy (fraction) vs the untouched model"
     )
     exact_unmasked: bool = False
+    # The INT8-share gate sits beside the output gates (not in target_options): it is a verdict on what
+    # a stage's backend reports, so a failure takes the same path (exit 1, REJECTED, rejected/), a
+    # resumed stage is gated again when it changes, and --set parity.<stage>.int8_share_min=... accepts
+    # a model as every other gate's key does. None: the target's declaration (Target.int8_share_min, filled
+    # in for the stage where its backend reports the figure when the target is built), else not gated.
+    int8_share_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="least share of GEMM/Conv multiply-accumulates the stage's backend must report in INT8 "
+                    "(0 turns the gate off); null: the target's own")
+    cpu_compute_ops_max: int | None = Field(
+        default=None, ge=0,
+        description="most compute ops (not Reshape/Transpose-like data movement) the backend may place on the "
+                    "CPU; null: the target's own (a backend that reports no placement is not gated)")
 
 
 # Each stage's contract, with that stage's defaults. A partial mapping in a recipe validates against

@@ -17,7 +17,7 @@ from torch import nn
 from passes_zoo import first_output_adapter, randomise_layernorms, seed_vit
 from vitexport.sources import OutputAdapter
 
-__all__ = ["ZooCase", "ZOO", "SLOW", "CORE", "EXPORT_FAST"]
+__all__ = ["ZooCase", "ZOO", "SLOW", "CORE", "EXPORT_FAST", "INT8_SHARE"]
 
 Inputs = Callable[[int], dict[str, torch.Tensor]]
 
@@ -42,6 +42,9 @@ class ZooCase:
     targets: tuple[str, ...] = ("orin",)
     int8: str | None = None
     real: str | None = None
+    #: (the least INT8 share accepted, why): a model whose backend runs less of its GEMM/Conv work in INT8
+    #: than its target's share passes that gate only explicitly (``--set parity.<stage>.int8_share_min``)
+    int8_share: tuple[float, str] | None = None
 
 
 def _expect(sites: int, masks: int = 0, fused: int = 0, already: int = 0, biases: int = 0) -> dict[str, int]:
@@ -326,6 +329,28 @@ ZOO: list[ZooCase] = [
     # hand-written: einsum attention, separate q/k/v, a 0 / -1e9 padding buffer
     ZooCase("seed", _seed, _expect(2, 2, fused=2)),
 ]
+
+_HEAD8 = "head size 8: TensorRT has no fused INT8 attention for it, so attention's batched MatMuls stay FP16"
+#: Families whose written file runs less of its GEMM/Conv work in INT8 than their target's share (measured
+#: with these tiny widths, where attention and unquantizable convs weigh more than at full size): each
+#: passes that gate only explicitly, at its measured share rounded down, for the reason the report gives
+INT8_SHARE: dict[str, tuple[float, str]] = {
+    "hf_cvt": (0.37, "3136- and 784-token attention: no fused INT8 attention in TensorRT beyond 512 tokens"),
+    "hf_glpn": (0.17, "3136- and 784-token attention: no fused INT8 attention in TensorRT beyond 512 tokens"),
+    "timm_efficientformer": (0.72, "head size 128 (no fused INT8 attention) and convs with no constant float weight"),
+    "timm_tiny_vit": (0.93, "convs with no constant float weight on a supported input (npu's 0.95)"),
+    "tv_maxvit": (0.68, "MBConv convs with no constant float weight on a supported input; head size 8 attention"),
+    "hf_levit": (0.77, "Linears reading HardSwish / Reshape outputs whose calibrated range has no INT8 scale"),
+    "hf_mobilevit": (0.55, "convs reading activations whose calibrated range has no INT8 scale"),
+    "hf_mobilevitv2": (0.03, "convs reading activations whose calibrated range has no INT8 scale"),
+    "hf_vitdet": (0.70, "activation x activation MatMuls that are not attention, and " + _HEAD8),
+    "hf_bert": (0.76, _HEAD8),
+    "hf_distilbert": (0.76, _HEAD8),
+    "hf_roberta": (0.77, _HEAD8),
+    "hf_electra": (0.76, _HEAD8),
+}
+for _case in ZOO:
+    _case.int8_share = INT8_SHARE.get(_case.name, _case.int8_share)
 
 #: Members that take longest to build and export (each a few seconds on a shared core).
 SLOW = {"timm_maxvit", "timm_levit", "timm_mvitv2", "tv_swin_v2_t", "timm_swinv2"}

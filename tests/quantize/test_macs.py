@@ -73,6 +73,8 @@ def test_the_files_share_counts_the_same_macs():
     all INT8 in the Q/DQ file of the same convolutions."""
     p = precision_summary(_float_model())
     assert p["float_gemm_macs"] == sum(HAND.values()) and p["int8_gemm_macs"] == 0
+    # each float GEMM/Conv named with its MACs, largest first: what the INT8-share gate lists
+    assert [(f["node"], f["macs"]) for f in p["float_gemms"]] == sorted(HAND.items(), key=lambda kv: -kv[1])
     qdq = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(qdq_convs()))
     p = precision_summary(qdq)
     assert p["int8_gemm_macs"] == sum(v[-1] for v in CONV_MACS.values()) and p["int8_gemm_macs_share"] == 1.0

@@ -19,7 +19,7 @@ from vitexport.runners import OpenVinoRunner
 from vitexport.runners.openvino_runner import RuntimePrecisions
 from vitexport.sources.base import LoadedModel, OutputAdapter
 from vitexport.targets import load_target
-from vitexport.targets.openvino import linears_not_int8
+from vitexport.targets.openvino import linears_not_int8, runtime_share
 
 IMG = 32
 
@@ -67,3 +67,22 @@ def test_a_linear_without_an_integer_kernel_is_named(exported):
     assert len(without.int8_layers) == len(prec.int8_layers) - 1
     assert linears_not_int8(without, linears) == [head.name]
     assert linears_not_int8(prec, linears) == []
+
+
+def test_the_runtime_share_is_gated_and_a_float_layer_is_named_with_why(exported):
+    """build_engine gates OpenVINO's own figure (all INT8 here); a quantized Linear the runtime ran in
+    float would be named after its ONNX node, Q/DQ'd in the file yet not in an integer kernel."""
+    _, out = exported
+    doc = json.loads((out / "parity.json").read_text())
+    stage = next(s for s in doc["stages"] if s["stage"] == "build_engine")
+    check = next(c for c in stage["checks"] if c["metric"] == "int8_share")
+    assert check["passed"] and check["limit"] == 0.95 and stage["details"]["int8_share"]["share"] == 1.0
+    with OpenVinoRunner(out / "model.xml") as run:
+        prec = run.precisions()
+    fc1 = next(layer for layer in prec.int8_layers if any("fc1/MatMul" in n for n in layer))
+    moved = RuntimePrecisions(macs={"FullyConnected": {"u8": 3 * 64, "f32": 64}}, layers=prec.layers,
+                              int8_layers=[x for x in prec.int8_layers if x != fc1],
+                              float_layers=[(fc1, "FullyConnected", "f32", 64)])
+    share = runtime_share(moved, {n.name for n in quantized_linears(load_model(out / "model.int8.onnx"))}, [])
+    assert share.share == 0.75 and [f.name for f in share.float_layers] == ["/model/model/blocks/blocks.0/mlp/fc1/MatMul"]
+    assert "Q/DQ'd in model.int8.onnx, yet OpenVINO's low-precision transformations kept it in f32" in share.float_layers[0].why

@@ -17,11 +17,13 @@ import math
 
 from ..recipe import PASS_STAGES, Recipe, StageName
 from .metrics import Check
+from .share import SHARE_METRICS
 
 __all__ = ["failure_advice", "accepting_limit"]
 
 #: a failed check's metric → the tolerance key that sets its limit
-_KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement"}
+_KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement",
+         **SHARE_METRICS}
 _INT8_STAGES = (StageName.quantize_int8, StageName.build_engine)
 
 
@@ -70,7 +72,10 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
     lost = ""
     if check is not None and check.metric.split("[")[0] == "accuracy_drop" and labelled:
         lost = f"{round(check.value * labelled)} of {labelled} labelled samples lost; "
-    if stage in _INT8_STAGES:
+    if check is not None and check.metric in SHARE_METRICS:
+        # the outputs matched: calibration settings would not change what the backend runs in float
+        lost, steps = f"{check.why}; " if check.why else "", list(check.hints or [])
+    elif stage in _INT8_STAGES:
         steps = _int8(recipe, calib_samples, labelled_calib)
     elif stage in PASS_STAGES:
         steps = [f"stages.{stage}.enabled=false (export without this rewrite)", "--layers to find the first block "
@@ -81,5 +86,5 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
     metric = check.metric.split("[")[0] if check is not None else ""  # cosine_min[pred_boxes]: one key for every output
     if check is not None and metric not in ("nonfinite", "output_shape"):
         key = _KEYS.get(metric, metric)
-        steps.append(f"or accept it: parity.{stage}.{key}={accepting_limit(check)}")
+        steps.append(f"{'or ' if steps else ''}accept it: parity.{stage}.{key}={accepting_limit(check)}")
     return f"{lost}try: " + ", ".join(steps)

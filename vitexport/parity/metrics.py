@@ -159,14 +159,17 @@ def compute_metrics(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None 
 
 
 @result
-class Check(Data):
-    """One gated metric: ``value op limit`` held (``passed``) or not."""
+class Check(Sparse):
+    """One gated metric: ``value op limit`` held (``passed``) or not; a failed check may say what
+    failed by name (``why``: the float layers of an INT8-share check) and what to try (``hints``)."""
 
     metric: str
     value: float
     limit: float
     op: str  # "<=" or ">="
     passed: bool
+    why: str | None = None
+    hints: list[str] | None = None
 
     def __str__(self) -> str:
         return f"{self.metric}={self.value:.6g} (must be {self.op} {self.limit:.6g})"

@@ -22,7 +22,7 @@ need opset 19 (:func:`to_opset`).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
@@ -35,7 +35,8 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import attr, const_array, opset_version, set_dtype, static_shape
 from ..graph.weights import through_proto
 
-__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary", "weight_bytes"]
+__all__ = ["FP16_MAX", "FP16_MIN_SCALE", "Float16Islands", "legal_fp16_scales", "to_opset", "precision_summary", "weight_bytes",
+           "reads_int8"]
 
 FP16_MAX = 65504.0
 _FP16_TINY = 6.0e-8  # smallest positive float16 (subnormal)
@@ -322,18 +323,28 @@ def weight_bytes(model: ir.Model) -> dict[str, int]:
     return out
 
 
-def precision_summary(model: ir.Model) -> dict[str, float | int]:
+def reads_int8(n: ir.Node) -> bool:
+    """Whether a GEMM/Conv reads both its activation and its weight through DequantizeLinear (runs INT8
+    where the runtime honours the file's Q/DQ)."""
+    return all(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
+               for i in n.inputs[:2])
+
+
+def precision_summary(model: ir.Model) -> dict[str, Any]:
     """What the engine will run, from the file alone: the INT8 share of GEMM/Conv multiply-accumulates,
     the bytes of FP16 and FP32 tensors (weights and every activation of one run, summed: not a memory
-    peak) and the weights' bytes by data type (:func:`weight_bytes`)."""
+    peak), the weights' bytes by data type (:func:`weight_bytes`) and the GEMM/Conv nodes without Q/DQ
+    inputs (``float_gemms``: node, op, MACs, largest first)."""
     int8_macs = float_macs = 0
+    float_gemms = []
     for n in model.graph:
         if n.op_type not in MAC_OPS:
             continue
         macs = node_macs(n)  # the plan's formula: groups and Gemm's transB counted as annotate counts them
-        quantized = all(i is not None and i.producer() is not None and i.producer().op_type == "DequantizeLinear"
-                        for i in n.inputs[:2])
+        quantized = reads_int8(n)
         int8_macs, float_macs = (int8_macs + macs, float_macs) if quantized else (int8_macs, float_macs + macs)
+        if not quantized:
+            float_gemms.append({"node": n.name, "op": n.op_type, "macs": macs})
     sizes = {_F16: 0, _F32: 0}
     seen: set[str] = set()
     values = [*model.graph.initializers.values(), *(o for n in model.graph for o in n.outputs)]
@@ -345,4 +356,4 @@ def precision_summary(model: ir.Model) -> dict[str, float | int]:
     total = int8_macs + float_macs
     return {"int8_gemm_macs_share": int8_macs / total if total else 0.0, "int8_gemm_macs": int8_macs,
             "float_gemm_macs": float_macs, "fp16_bytes": sizes[_F16], "fp32_bytes": sizes[_F32],
-            "weight_bytes": weight_bytes(model)}
+            "weight_bytes": weight_bytes(model), "float_gemms": sorted(float_gemms, key=lambda f: -f["macs"])}

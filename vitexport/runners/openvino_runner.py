@@ -90,6 +90,8 @@ class RuntimePrecisions:
     layers: dict[str, int] = field(default_factory=dict)  # "type precision" -> count, every layer
     #: the source-model node names each GEMM/Conv layer running an integer kernel was built from
     int8_layers: list[tuple[str, ...]] = field(default_factory=list)
+    #: each GEMM/Conv layer that runs no integer kernel: (its source nodes, layer type, precision, MACs)
+    float_layers: list[tuple[tuple[str, ...], str, str, int]] = field(default_factory=list)
 
     @property
     def int8_share(self) -> float:
@@ -143,10 +145,14 @@ def runtime_precisions(compiled) -> RuntimePrecisions:
             # (weight decompression), yet the multiply-accumulates then run in float
             act = op.input(0).get_element_type().get_type_name()
             prec = prec if act in _INT8 else act
+            sources = tuple(str(info["originalLayersNames"].astype(str)).split(","))
+            macs = _layer_macs(op, layer)
             if prec in _INT8:
-                res.int8_layers.append(tuple(str(info["originalLayersNames"].astype(str)).split(",")))
+                res.int8_layers.append(sources)
+            else:
+                res.float_layers.append((sources, layer, prec, macs))
             per = res.macs.setdefault(layer, {})
-            per[prec] = per.get(prec, 0) + _layer_macs(op, layer)
+            per[prec] = per.get(prec, 0) + macs
     return res
 
 

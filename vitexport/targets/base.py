@@ -22,7 +22,7 @@ from ..check.violation import Violation
 from ..errors import BadInput, did_you_mean
 from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
-from ..recipe import Recipe
+from ..recipe import Recipe, StageName
 from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
 from ..stages.base import Contribution
 
@@ -114,9 +114,23 @@ class Target:
     attention_int8_why: ClassVar[str] = ""
     #: what a float attn·V costs on this runtime, appended to the report's attention line (empty: say nothing)
     attention_float_cost: ClassVar[str] = ""
+    #: the stage whose backend reports what runs in INT8 (None: none does): there the INT8-share gate
+    #: applies. The Q/DQ file's coverage is what TensorRT and a paper NPU contract see, so by default
+    #: ``quantize_int8``; a compiler that re-decides precisions (RKNN, OpenVINO) is gated where it reports
+    int8_share_stage: ClassVar[StageName | None] = StageName.quantize_int8
+    #: the least share of GEMM/Conv multiply-accumulates that stage must report in INT8 (the recipe's
+    #: ``parity.<stage>.int8_share_min`` overrides it). 0.95: a deployment buys INT8 throughput; a model
+    #: with more than 5 % of its GEMM/Conv work in float is a float model to the user and must say so
+    int8_share_min: ClassVar[float] = 0.95
+    #: compute ops the backend may place on the CPU (``parity.<stage>.cpu_compute_ops_max``); None: it
+    #: reports no placement, nothing to gate
+    cpu_compute_ops_max: ClassVar[int | None] = None
+    #: what a user can try on this target when the INT8 share misses, beside accepting it (recipe keys,
+    #: with why); the quantize stage adds the fallback's and attention's keys where those kept layers float
+    int8_share_hints: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe):
-        self.recipe = recipe
+        self.recipe = self._with_share_gate(recipe)
         self.spec = recipe.quantization
         #: the recipe's ``target_options`` parsed by :attr:`Options` (checked at load by :meth:`check_recipe`)
         try:
@@ -128,6 +142,25 @@ class Target:
         return f"{type(self).__name__}(recipe={self.recipe.name!r})"
 
     # --- the recipe ---------------------------------------------------------------------------------
+    @classmethod
+    def _with_share_gate(cls, recipe: Recipe) -> Recipe:
+        """``recipe`` with this target's INT8-share gate filled in where the recipe leaves it null
+        (``parity.<int8_share_stage>.int8_share_min`` / ``cpu_compute_ops_max``): the report's and the
+        manifest's tolerance then show the limit that was applied."""
+        stage = cls.int8_share_stage
+        if stage is None:
+            return recipe
+        tol = recipe.tolerance(stage)
+        update: dict = {}
+        if tol.int8_share_min is None:
+            update["int8_share_min"] = cls.int8_share_min
+        if tol.cpu_compute_ops_max is None and cls.cpu_compute_ops_max is not None:
+            update["cpu_compute_ops_max"] = cls.cpu_compute_ops_max
+        if not update:
+            return recipe
+        parity = recipe.parity.model_copy(update={stage.value: tol.model_copy(update=update)})
+        return recipe.model_copy(update={"parity": parity})
+
     @classmethod
     def recipe_file(cls) -> Path:
         """The target's default recipe: ``<name>.yaml`` beside the module that defines the class."""

@@ -28,6 +28,7 @@ import onnx_ir as ir
 
 from ..check.rules import RuntimeRules, violation
 from ..check.violation import Violation
+from ..recipe import StageName
 from ..stages.base import Contribution
 from ..toolchains.rknn import require_rknn
 from ..toolchains.rknn_graph import HAZARD_RULES
@@ -69,6 +70,15 @@ class Rk3588Target(Target):
     #: ``RKNN.config`` beyond the platform (see the module docstring)
     rknn_config: ClassVar[dict[str, Any]] = {"remove_reshape": True}
     engine = "RKNN"
+    #: RKNN re-decides precisions while it fuses: its op table (build_engine) is the figure gated, not the file's
+    int8_share_stage = StageName.build_engine
+    #: an NPU is bought for INT8 throughput: ≥ 95 % of GEMM/Conv multiply-accumulates in INT8 (issue 28)
+    int8_share_min = 0.95
+    #: no compute op on the CPU: each one is a round trip NPU → CPU → NPU and float arithmetic on a slow
+    #: core. Reshape/Transpose-like data movement on the CPU is reported, not gated (a copy, no arithmetic)
+    cpu_compute_ops_max = 0
+    int8_share_hints = (
+        "target_options.route=rknn or route=hybrid (RKNN's own quantizer decides each conv's precision itself)",)
     runs_on = "the RK3588 NPU through RKNN (model.rknn, rknn-toolkit2 2.5.0; parity on its x86 simulator)"
 
     @property

@@ -29,19 +29,23 @@ from pydantic import Field
 from ..calibration.feeds import FeedSet
 from ..errors import BadInput
 from ..graph.files import load_model
+from ..graph.macs import MAC_OPS
 from ..graph.split import split_integer_prefix
 from ..io import atomic_path
+from ..parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
+from ..quantize.precision import reads_int8
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner, RecordedRunner, record_outputs
 from ..runners.sessions import QDQ_AS_FLOAT
 from ..stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
 from ..toolchains.rknn import RknnRequest, RknnResult, require_rknn, run_rknn
 from ..toolchains.rknn_graph import rknn_hazards
+from ..toolchains.rknn_log import OpRow
 from ..toolchains.rknn_routes import Route, rknn_input, route_quantization
 from .base import TargetOptions
 
 __all__ = ["CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
-           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "SIMULATOR_STEPS", "npu_report"]
+           "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "SIMULATOR_STEPS", "npu_report", "rknn_share"]
 
 
 class Rk3588Options(TargetOptions):
@@ -72,6 +76,9 @@ class RknnTarget(Protocol):
 
     @property
     def options(self) -> Rk3588Options: ...
+
+    @property
+    def int8_share_hints(self) -> tuple[str, ...]: ...
 
 
 RKNN_MODEL, RKNN_ONNX, RKNN_OUTPUTS, RKNN_LOG = "model.rknn", "model.rknn.onnx", "rknn_simulator.npz", "rknn.log"
@@ -138,6 +145,34 @@ def _notes(report: dict) -> list[str]:
     return lines
 
 
+def _float_why(row: OpRow, route: str, stripped: dict[str, str], quantized: set[str]) -> str:
+    """Why RKNN runs a GEMM/Conv in float: a layout pass's rule, RKNN's own quantizer, the quantizer's file."""
+    if row.source in stripped:
+        return stripped[row.source]
+    if route != "qdq":
+        return f"RKNN's own quantizer (route {route}) kept it in {row.dtype.lower()}"
+    if row.source in quantized:
+        return (f"Q/DQ'd in {RKNN_ONNX}, yet RKNN chose {row.dtype.lower()} (it runs a GEMM/Conv in INT8 only with "
+                "its output Q/DQ'd and a supported pattern)")
+    return f"no Q/DQ on it in {RKNN_ONNX} (quantize_int8's INT8-share note says why the quantizer left it float)"
+
+
+def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints: list[str]) -> Int8Share:
+    """What RKNN's op table says about INT8: the share, every GEMM/Conv it runs in float with why, and
+    the ops it placed on the CPU (compute apart from data movement, :data:`DATA_MOVEMENT`)."""
+    stripped = dict(layout.get("skipped") or {})  # node → the layout pass's reason (ConvsInFloat's rule)
+    quantized = {n.name for n in load_model(compiled).graph if n.op_type in MAC_OPS and reads_int8(n)}
+    rows = [r for r in res.ops if r.op_type not in ("InputOperator", "OutputOperator")]
+    floats = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the {r.target}",
+                         _float_why(r, route, stripped, quantized)) for r in rows if r.is_gemm and r.dtype != "INT8"]
+    cpu = [r for r in rows if r.target != "NPU"]
+    compute = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the CPU", "RKNN placed it on the CPU")
+               for r in cpu if r.op_type not in DATA_MOVEMENT]
+    moves = [f"{r.op_type}:{r.name}" for r in cpu if r.op_type in DATA_MOVEMENT]
+    return Int8Share(res.summary.int8_share, f"RKNN's op table (route {route})", res.summary.gemm_macs, floats,
+                     compute, moves, hints)
+
+
 class CompileRknnStage:
     """The route's ONNX file → ``model.rknn`` (rknn-toolkit2 in its worker), the simulator's outputs
     on the parity inputs recorded by the same call; gated on the file RKNN compiled.
@@ -174,11 +209,12 @@ class CompileRknnStage:
             res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
             files = self._keep(ctx, work, res, host is not None)
         report = npu_report(res, route, layout)
+        share = rknn_share(res, route, layout, files[RKNN_ONNX], list(t.int8_share_hints))
         if host is not None:
             report["host"] = host.to_dict()
         # the simulator ran in this call for the simulate stage: its time is that stage's
         simulator_s = sum(res.stages.get(k, 0.0) for k in SIMULATOR_STEPS)
-        return StageOutput(files=files, notes=_notes(report), details={"runtime": report},
+        return StageOutput(files=files, notes=_notes(report), details={"runtime": report, SHARE_KEY: share.to_dict()},
                            later_work_s={StageName.simulate: simulator_s})
 
     @staticmethod

@@ -456,6 +456,10 @@ class ConvsInFloat(GraphPass):
                     shape[axis] = -1
                 w = (wq.astype(np.float32) - np.reshape(wz, shape).astype(np.float32)) * np.reshape(ws, shape)
                 node.replace_input_with(1, new_initializer(model, f"{node.name}_w_float", w.astype(np.float32)))
+            # said per node: the INT8-share gate names this rule as the reason RKNN runs the conv in float16
+            report.skipped[node.name] = ("rknn_convs_in_float took its Q/DQ off: RKNN 2.5.0 runs a Conv in INT8 only "
+                                         "with its output Q/DQ'd, which the qdq layout adds to Linears and patch "
+                                         "convs only")
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
 
