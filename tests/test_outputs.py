@@ -144,7 +144,7 @@ def test_outputs_flag_keeps_one_and_an_unknown_name_is_exit_2(models, tmp_path, 
                "--out", str(out), "--outputs", "logits", *(a for kv in FAST for a in ("--set", kv))])
     assert rc == 0
     assert _outputs(out / "model.int8.onnx") == ["output"]
-    assert _checks(out)["quantize_int8"] == ["cosine_min", "top1_agreement_gated"]  # as a single-output model's
+    assert _checks(out)["quantize_int8"] == ["cosine_min", "top1_agreement_gated", "int8_share"]  # as a single-output model's
     assert "--outputs kept the model's 'logits' only" in capsys.readouterr().out
     rc = main(["export", "--model", f"python:{models}:two_heads", "--input-shape", "1,3,32,32", "--target", "cpu",
                "--out", str(tmp_path / "bad"), "--outputs", "logits,box"])
