@@ -18,7 +18,7 @@ from .memory import Need, format_bytes, histogram_need, require
 if TYPE_CHECKING:  # pragma: no cover
     from ..calibration import SampleSet
     from ..recipe import Recipe
-    from ..sources import LoadedModel
+    from ..sources.base import LoadedModel
 
 __all__ = ["check_model", "check_input_shape", "run_needs"]
 
