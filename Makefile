@@ -24,7 +24,7 @@ export_args = --target $(TARGET) \
 setup:  ## create .venv and install vitexport with its dev tools, then .venv-rknn (package registries only)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/vitexport targets
 	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made (see above): the rk3588 target exits 2 naming make setup-rknn and its tests skip saying why"
 

