@@ -5,8 +5,9 @@
 - ``hybrid``: RKNN's quantizer in two steps with vitexport's calibrated ranges written into its
   quantization config between them (``hybrid_quantization_step1/2``).
 - ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.rknn_qdq`): Linears as
-  Q/DQ'd 1x1 Convs, patch convs split to ≤ 4x4, Q·Kᵀ scores Q/DQ'd before their scale, every
-  quantized op's output Q/DQ'd; the float forms of the ``rknn`` route too.
+  Q/DQ'd 1x1 Convs (outlier output channels scaled into the output range, :mod:`.rknn_outliers`),
+  patch convs split to ≤ 4x4, Q·Kᵀ scores Q/DQ'd before their scale, every quantized op's output
+  Q/DQ'd; the float forms of the ``rknn`` route too.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from ..graph.files import load_model, save_model
 from ..graph.passes import GraphPass
 from .rknn import RknnQuantization
 from .rknn_graph import (
-    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards,
+    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, patch_convs, rknn_hazards,
 )
+from .rknn_outliers import ScaledLinearOutputs, channel_ranges
 from .rknn_qdq import BatchedProbsInFloat, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, score_matmuls
 
 __all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "vitexport_ranges", "route_quantization"]
@@ -65,9 +67,15 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     report = {**_float_forms(model), **_apply(model, [MoveScoreScales(), BatchedProbsInFloat()])}
     # a Q/DQ right before Softmax crashes RKNN: scores still read by it directly stay float16
     scores = [m.outputs[0].name for m in score_matmuls(model) if next(iter(m.outputs[0].uses()))[0].op_type != "Softmax"]
-    names = [s.output.name for s in linear_sites(model)] + [c.outputs[0].name for c in patch_convs(model)] + scores
-    ranges = output_ranges(model, feeds, names) if feeds is not None else {n: (-1.0, 1.0) for n in names}
-    later = _apply(model, [PatchConvsInInt8(ranges), ConvsInFloat(), LinearsAsConv(ranges),
+    linears = [s.output.name for s in linear_sites(model)]
+    names = linears + [c.outputs[0].name for c in patch_convs(model)] + scores
+    # one pass over the calibration feeds: last-axis ranges, whose extremes are the tensors' ranges; a
+    # Linear's outlier output channels are scaled into its output Q/DQ's range (ScaledLinearOutputs)
+    per_channel = channel_ranges(model, feeds, names) if feeds is not None else {}
+    ranges = ({k: (float(lo.min()), float(hi.max())) for k, (lo, hi) in per_channel.items()} if feeds is not None
+              else {n: (-1.0, 1.0) for n in names})
+    per_channel = {k: per_channel[k] for k in linears if k in per_channel}
+    later = _apply(model, [ScaledLinearOutputs(per_channel, ranges), PatchConvsInInt8(ranges), ConvsInFloat(), LinearsAsConv(ranges),
                            OutputQdq({k: ranges[k] for k in scores}, activation_zp_dtype(model))])
     later["skipped"].update(report["skipped"])
     model.metadata_props[LAYOUT_KEY] = "qdq"  # a laid-out file is not laid out twice (layout_hazards)
