@@ -1,0 +1,360 @@
+"""Task metrics: what a deployment reads for its kind of model, measured against the FP32 (golden) outputs.
+
+Cosine says a stage's outputs point where the reference's do; a detector's user reads mAP, a
+segmenter's mIoU, a depth model's AbsRel. Each stage's outputs are scored here with the reference's
+outputs taken as ground truth, so the untouched model scores 1.0 (0.0 for AbsRel) by construction and
+a gate's limit is the loss allowed:
+
+- **detect** (DETR / YOLOS: ``logits`` [B, Q, C+1] whose last class is "no object", ``pred_boxes``
+  [B, Q, 4] normalised cx, cy, w, h): the reference's queries whose best class probability reaches
+  ``detect_score_min`` are the ground truth; every query of the stage is a scored detection, and
+  COCO's evaluator (pycocotools' ``COCOeval``, not a hand-written one) gives mAP@[.5:.95] and AP50.
+  Each reference detection is matched to the stage's query of highest IoU (greedy, as COCO matches):
+  mean and worst box IoU, the share whose class agrees, the mean score difference.
+- **segment** (``logits`` [B, C, H, W]): pixel agreement and mIoU of the stage's argmax against the
+  reference's (classes present in either, over all samples).
+- **depth** (``predicted_depth`` [B, H, W]): AbsRel and δ<1.25 over pixels of positive reference depth.
+- **embed** (``image_embeds``, ``pooler_output``, a 2-D output, else token 0 of ``last_hidden_state``):
+  recall@k agreement, the share of each sample's k nearest parity samples (cosine) by the reference's
+  embeddings that the stage's embeddings also rank in their k nearest. Cosine per sample is the
+  output gate's own.
+
+Labels (a COCO json beside the parity data) are not read yet: every figure is against FP32.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..recipe import Task, Tolerance
+from .data import Sparse, result
+from .metrics import Check
+
+__all__ = ["TaskMetrics", "TASK_METRICS", "task_outputs", "task_checks", "detection_metrics", "segmentation_metrics",
+           "depth_metrics", "embedding_metrics", "coco_map", "DEFAULT_SCORE_MIN", "RECALL_K"]
+
+#: DETR's and YOLOS's own post-processing threshold (``Tolerance.detect_score_min`` null)
+DEFAULT_SCORE_MIN = 0.5
+#: neighbours compared per sample for recall@k (fewer when the parity set is small)
+RECALL_K = 5
+_BOX_SCALE = 1000.0  # normalised boxes scaled to a 1000-pixel image: COCO's area ranges read pixels
+#: a task check's metric → (the TaskMetrics field it gates, the tolerance key of its limit, op)
+TASK_METRICS: dict[str, tuple[str, str]] = {
+    "map": ("map_min", ">="), "miou": ("miou_min", ">="), "pixel_agreement": ("pixel_agreement_min", ">="),
+    "abs_rel": ("abs_rel_max", "<="), "delta1": ("delta1_min", ">="), "recall_at_k": ("recall_at_k_min", ">="),
+}
+
+
+@result
+class TaskMetrics(Sparse):
+    """One stage's task metrics against the reference; ``None``: not measured for this task.
+
+    Attributes:
+        task: the task (``detect``...); ``outputs``: the outputs read; ``samples``: parity samples.
+        map, ap50: COCO mAP@[.5:.95] and AP@.5 against the reference's detections (detect).
+        detections: the reference's detections (the ground truth); ``matched``: those the stage has a
+            query of IoU >= 0.5 and the same class for.
+        box_iou_mean, box_iou_min: IoU of each reference detection with its matched query.
+        class_agreement: share of reference detections whose matched query has the same class.
+        score_mae: mean |score difference| of the matched pairs.
+        miou, pixel_agreement, classes: segment (classes present in either argmax map).
+        abs_rel, delta1: depth.
+        recall_at_k, k: embed.
+        note: why a figure is missing (no confident detection, non-finite outputs).
+        picture: small arrays the report draws (the first sample's boxes, maps, error map).
+    """
+
+    task: str
+    outputs: list[str]
+    samples: int = 0
+    map: float | None = None
+    ap50: float | None = None
+    detections: int | None = None
+    matched: int | None = None
+    box_iou_mean: float | None = None
+    box_iou_min: float | None = None
+    class_agreement: float | None = None
+    score_mae: float | None = None
+    miou: float | None = None
+    pixel_agreement: float | None = None
+    classes: int | None = None
+    abs_rel: float | None = None
+    delta1: float | None = None
+    recall_at_k: float | None = None
+    k: int | None = None
+    note: str | None = None
+    picture: dict | None = None
+
+    def short(self) -> str:
+        """The headline figures for a terminal line (`` map=0.9981 box_iou=0.987``)."""
+        keys = {"detect": ("map", "box_iou_mean"), "segment": ("miou", "pixel_agreement"),
+                "depth": ("abs_rel", "delta1"), "embed": ("recall_at_k",)}.get(self.task, ())
+        return "".join(f" {k.removesuffix('_mean')}={getattr(self, k):.4f}" for k in keys if getattr(self, k) is not None)
+
+
+# --- which outputs a task reads ---------------------------------------------------------------------------
+def _named(shapes: Mapping[str, Sequence[int]], names: Sequence[str], ndim: int) -> str | None:
+    return next((n for n in names if n in shapes and len(shapes[n]) == ndim), None)
+
+
+def task_outputs(task: Task | str, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """The outputs ``task``'s metrics read, by name first, else by shape.
+
+    Args:
+        task: the task.
+        shapes: output name → shape, in the model's order (``output`` for a single one).
+    Returns:
+        detect: [logits, boxes]; segment / depth / embed: [the one output]; classify: [].
+    Raises:
+        ValueError: no output has the shape the task needs (the message says which).
+    """
+    task = Task(task)
+    names = list(shapes)
+    if task is Task.detect:
+        boxes = _named(shapes, ("pred_boxes", "boxes"), 3) or next(
+            (n for n in names if len(shapes[n]) == 3 and shapes[n][-1] == 4), None)
+        logits = _named(shapes, ("logits", "output"), 3) or next(
+            (n for n in names if n != boxes and len(shapes[n]) == 3), None)
+        if boxes is None or logits is None or logits == boxes or shapes[logits][1] != shapes[boxes][1]:
+            raise ValueError("detect needs class logits [B, Q, C+1] and boxes [B, Q, 4] (logits and pred_boxes)")
+        return [logits, boxes]
+    if task is Task.segment:
+        found = _named(shapes, ("logits", "out", "output"), 4) or next((n for n in names if len(shapes[n]) == 4), None)
+        if found is None or shapes[found][1] < 2:
+            raise ValueError("segment needs class logits [B, C, H, W] with C >= 2")
+        return [found]
+    if task is Task.depth:
+        found = _named(shapes, ("predicted_depth", "output"), 3) or _named(shapes, ("predicted_depth", "output"), 4) \
+            or next((n for n in names if len(shapes[n]) in (3, 4)), None)
+        if found is None or (len(shapes[found]) == 4 and shapes[found][1] != 1):
+            raise ValueError("depth needs a depth map [B, H, W] (predicted_depth)")
+        return [found]
+    if task is Task.embed:
+        found = _named(shapes, ("image_embeds", "text_embeds", "embeddings", "pooler_output", "output"), 2) or next(
+            (n for n in names if len(shapes[n]) == 2), None) or next((n for n in names if len(shapes[n]) == 3), None)
+        if found is None:
+            raise ValueError("embed needs an embedding [B, D] (or tokens [B, T, D])")
+        return [found]
+    return []
+
+
+# --- detection -------------------------------------------------------------------------------------------
+def _detections(logits: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(score, class, xyxy box) per query: softmax over classes, the last ("no object") left out."""
+    z = logits - logits.max(-1, keepdims=True)
+    p = np.exp(z)
+    p = (p / p.sum(-1, keepdims=True))[..., :-1]
+    cx, cy, w, h = np.moveaxis(boxes, -1, 0)
+    xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+    return p.max(-1), p.argmax(-1), xyxy
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` [n, 4] with every box of ``b`` [m, 4] (xyxy)."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(-1)
+    area = lambda x: np.clip(x[:, 2:] - x[:, :2], 0, None).prod(-1)  # noqa: E731
+    union = area(a)[:, None] + area(b)[None, :] - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
+
+
+def _greedy(iou: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs (reference, stage) of highest IoU first, each box used once (COCO's matching, without scores)."""
+    pairs, used_r, used_o = [], set(), set()
+    for flat in np.argsort(-iou, axis=None, kind="stable"):
+        r, o = divmod(int(flat), iou.shape[1])
+        if r in used_r or o in used_o:
+            continue
+        pairs.append((r, o))
+        used_r.add(r)
+        used_o.add(o)
+        if len(used_r) == iou.shape[0]:
+            break
+    return pairs
+
+
+def _coco_box(b: np.ndarray) -> list[float]:
+    x0, y0, x1, y1 = (float(v) * _BOX_SCALE for v in b)
+    return [x0, y0, max(x1 - x0, 0.0), max(y1 - y0, 0.0)]
+
+
+def coco_map(gt: Sequence[tuple[np.ndarray, np.ndarray]], dets: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+             num_classes: int) -> tuple[float, float] | None:
+    """COCO mAP@[.5:.95] and AP@.5 by pycocotools' ``COCOeval``.
+
+    Args:
+        gt: per image, (classes [n], xyxy boxes [n, 4] in 0..1).
+        dets: per image, (scores [m], classes [m], xyxy boxes [m, 4]).
+        num_classes: the number of classes (ids 0..num_classes-1).
+    Returns:
+        (mAP, AP50), or None when there is no ground-truth box at all.
+    """
+    from pycocotools.coco import COCO  # loads when a detector is judged (its C extension: ~0.1 s)
+    from pycocotools.cocoeval import COCOeval
+
+    anns = [{"id": len_ + 1, "image_id": i, "category_id": int(c) + 1, "bbox": _coco_box(b), "iscrowd": 0}
+            for len_, (i, c, b) in enumerate((i, c, b) for i, (cs, bs) in enumerate(gt) for c, b in zip(cs, bs))]
+    if not anns:
+        return None
+    for a in anns:
+        a["area"] = a["bbox"][2] * a["bbox"][3]
+    results = [{"image_id": i, "category_id": int(c) + 1, "bbox": _coco_box(b), "score": float(s)}
+               for i, (ss, cs, bs) in enumerate(dets) for s, c, b in zip(ss, cs, bs)]
+    most = max([100] + [len(d[0]) for d in dets])
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        truth = COCO()
+        truth.dataset = {"images": [{"id": i} for i in range(len(gt))], "annotations": anns,
+                         "categories": [{"id": c + 1} for c in range(num_classes)]}
+        truth.createIndex()
+        ev = COCOeval(truth, truth.loadRes(results), "bbox")
+        ev.params.maxDets = [1, 10, most]  # every query is a candidate, as DETR is evaluated
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return max(float(ev.stats[0]), 0.0), max(float(ev.stats[1]), 0.0)
+
+
+def detection_metrics(ref_logits: np.ndarray, ref_boxes: np.ndarray, logits: np.ndarray, boxes: np.ndarray,
+                      score_min: float = DEFAULT_SCORE_MIN) -> TaskMetrics:
+    """The stage's detections scored against the reference's (module docstring)."""
+    rs, rc, rb = _detections(np.asarray(ref_logits, np.float64), np.asarray(ref_boxes, np.float64))
+    os_, oc, ob = _detections(np.asarray(logits, np.float64), np.asarray(boxes, np.float64))
+    m = TaskMetrics("detect", [], samples=int(rs.shape[0]))
+    gt, ious, same, dscore = [], [], [], []
+    for i in range(rs.shape[0]):
+        keep = rs[i] >= score_min
+        gt.append((rc[i][keep], rb[i][keep]))
+        if not keep.any():
+            continue
+        iou = _iou(rb[i][keep], ob[i])
+        for r, o in _greedy(iou):
+            ious.append(iou[r, o])
+            same.append(rc[i][keep][r] == oc[i][o])
+            dscore.append(abs(rs[i][keep][r] - os_[i][o]))
+    m.detections = len(ious)
+    if not ious:
+        m.note = f"no reference query scored >= {score_min:g}: nothing to match (detect_score_min sets the threshold)"
+        return m
+    ious_a, same_a = np.asarray(ious), np.asarray(same)
+    m.matched = int(((ious_a >= 0.5) & same_a).sum())
+    m.box_iou_mean, m.box_iou_min = float(ious_a.mean()), float(ious_a.min())
+    m.class_agreement, m.score_mae = float(same_a.mean()), float(np.mean(dscore))
+    m.map, m.ap50 = coco_map(gt, [(os_[i], oc[i], ob[i]) for i in range(rs.shape[0])], ref_logits.shape[-1] - 1)
+    m.picture = {"gt": [[int(c), *map(float, b)] for c, b in zip(*gt[0])],
+                 "dets": [[int(oc[0][q]), float(os_[0][q]), *map(float, ob[0][q])] for q in range(ob.shape[1])
+                          if os_[0][q] >= score_min]}
+    return m
+
+
+# --- segmentation, depth, embeddings ---------------------------------------------------------------------
+def _thumb(a: np.ndarray, side: int = 96) -> list:
+    """A 2-D map cut to at most ``side`` pixels a side (nearest), as nested lists for parity.json."""
+    step = max(1, math.ceil(max(a.shape) / side))
+    return np.asarray(a)[::step, ::step].tolist()
+
+
+def segmentation_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
+    """Pixel agreement and mIoU of ``out``'s argmax over axis 1 against ``ref``'s."""
+    c = ref.shape[1]
+    r, o = np.asarray(ref).argmax(1), np.asarray(out).argmax(1)
+    conf = np.bincount((r * c + o).ravel(), minlength=c * c).reshape(c, c)
+    inter = np.diag(conf).astype(np.float64)
+    union = conf.sum(0) + conf.sum(1) - inter
+    present = union > 0
+    return TaskMetrics("segment", [], samples=int(r.shape[0]), pixel_agreement=float((r == o).mean()),
+                       miou=float((inter[present] / union[present]).mean()), classes=int(present.sum()),
+                       picture={"ref": _thumb(r[0]), "out": _thumb(o[0]), "classes": c})
+
+
+def depth_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
+    """AbsRel and δ<1.25 of ``out`` against ``ref`` over pixels of positive reference depth."""
+    r, o = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    valid = r > 1e-6 * max(float(np.abs(r).max()) if r.size else 0.0, 1e-12)
+    m = TaskMetrics("depth", [], samples=int(r.shape[0]))
+    if not valid.any():
+        m.note = "the reference depth is nowhere positive: AbsRel and δ1 undefined"
+        return m
+    rv, ov = r[valid], o[valid]
+    ratio = np.where(ov > 0, np.maximum(ov / rv, rv / np.maximum(ov, 1e-300)), np.inf)
+    m.abs_rel, m.delta1 = float(np.mean(np.abs(ov - rv) / rv)), float(np.mean(ratio < 1.25))
+    err = np.where(valid, np.abs(o - r) / np.where(valid, r, 1.0), 0.0)
+    m.picture = {"ref": _thumb(r.reshape(r.shape[0], *r.shape[-2:])[0]),
+                 "rel_err": _thumb(err.reshape(r.shape[0], *r.shape[-2:])[0])}
+    return m
+
+
+def embedding_metrics(ref: np.ndarray, out: np.ndarray, k: int = RECALL_K) -> TaskMetrics:
+    """Recall@k agreement of the nearest parity samples by ``ref`` and by ``out`` embeddings (token 0 of
+    a [B, T, D] output)."""
+    r, o = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    if r.ndim == 3:
+        r, o = r[:, 0], o[:, 0]
+    r, o = r.reshape(r.shape[0], -1), o.reshape(o.shape[0], -1)
+    n = r.shape[0]
+    m = TaskMetrics("embed", [], samples=n)
+    k = min(k, n - 1)
+    if k < 1:
+        m.note = "recall@k needs at least 2 parity samples"
+        return m
+
+    def neighbours(e: np.ndarray) -> np.ndarray:
+        e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+        sim = e @ e.T
+        np.fill_diagonal(sim, -np.inf)
+        return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+    a, b = neighbours(r), neighbours(o)
+    m.k, m.recall_at_k = k, float(np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b)]))
+    return m
+
+
+# --- the stage's task checks -----------------------------------------------------------------------------
+def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance) -> TaskMetrics:
+    if task is Task.detect:
+        score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
+        return detection_metrics(ref[0], ref[1], out[0], out[1], score)
+    if task is Task.segment:
+        return segmentation_metrics(ref[0], out[0])
+    if task is Task.depth:
+        return depth_metrics(ref[0], out[0])
+    return embedding_metrics(ref[0], out[0])
+
+
+def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
+                tolerance: Tolerance) -> tuple[TaskMetrics | None, list[Check], list[str]]:
+    """Measure ``task``'s metrics of one stage's outputs and gate them.
+
+    Args:
+        task: the model's task (None or ``classify``: nothing to add, top-1 is the output gate's).
+        reference: the golden outputs by name; ``outs``: the stage's (same names and shapes).
+        tolerance: the stage's contract (:meth:`~vitexport.recipe.Tolerance.task_limit` gives each limit).
+    Returns:
+        (metrics or None, checks named ``map[logits,pred_boxes]`` where the model has several outputs
+        (``miou`` where one), notes saying why nothing was measured).
+    """
+    if task is None or Task(task) is Task.classify:
+        return None, [], []
+    task = Task(task)
+    try:
+        names = task_outputs(task, {k: v.shape for k, v in reference.items()})
+    except ValueError as exc:
+        return None, [], [f"task {task}: not measured: {exc}; the outputs are {', '.join(reference)}"]
+    if any(n not in outs or outs[n].shape != reference[n].shape for n in names):
+        return None, [], []  # the output gate failed already (output_shape)
+    if not all(np.isfinite(outs[n]).all() for n in names):
+        return None, [], [f"task {task}: not measured: the outputs hold NaN/Inf"]
+    m = _measure(task, [reference[n] for n in names], [outs[n] for n in names], tolerance)
+    m.outputs = names
+    tag = f"[{','.join(names)}]" if len(reference) > 1 else ""
+    checks = []
+    for metric, (key, op) in TASK_METRICS.items():
+        value, limit = getattr(m, metric), tolerance.task_limit(key)
+        if value is None or limit is None or (op == ">=" and limit <= 0) or (op == "<=" and math.isinf(limit)):
+            continue
+        checks.append(Check(f"{metric}{tag}", value, limit, op, value >= limit if op == ">=" else value <= limit))
+    return m, checks, [f"task {task}: {m.note}"] if m.note else []
