@@ -306,6 +306,14 @@ def _classifier(reference: GoldenReference) -> str | None:
     return name if name == "logits" or reference.outputs[name].ndim == 2 else None
 
 
+def _image_input(reference: GoldenReference) -> np.ndarray | None:
+    """The parity samples' image input [N, C, H, W] (the first 4-D float input), for the task picture."""
+    for name in reference.input_names:
+        if reference.feeds[0][name].ndim == 4 and np.issubdtype(reference.feeds[0][name].dtype, np.floating):
+            return np.concatenate([f[name] for f in reference.feeds])
+    return None
+
+
 def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict[str, np.ndarray],
                      missing: list[str], tolerance: Tolerance, unmasked) -> None:
     """Gate every output; with several, each check is named after its output (``cosine_min[pred_boxes]``)."""
@@ -331,7 +339,8 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
             result.sample_cosines = sample_cosines(ref, out)
     result.metrics = per[primary]
     result.output_metrics = per if several else None
-    result.task_metrics, checks, notes = task_checks(reference.meta.get("task"), reference.outputs, outs, tolerance)
+    result.task_metrics, checks, notes = task_checks(reference.meta.get("task"), reference.outputs, outs, tolerance,
+                                                     _image_input(reference))
     result.checks.extend(checks)
     result.notes.extend(notes)
     result.passed = all(c.passed for c in result.checks)

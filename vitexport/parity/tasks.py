@@ -23,6 +23,7 @@ Labels (a COCO json beside the parity data) are not read yet: every figure is ag
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import math
@@ -65,7 +66,9 @@ class TaskMetrics(Sparse):
         abs_rel, delta1: depth.
         recall_at_k, k: embed.
         note: why a figure is missing (no confident detection, non-finite outputs).
-        picture: small arrays the report draws (the first sample's boxes, maps, error map).
+        picture: what the report draws for one parity sample of a gated stage: its image (base64 RGB),
+            the reference's and the stage's boxes ``[class, score, x0, y0, x1, y1]``, argmax maps or
+            the depth and its relative error, at most 96 pixels a side.
     """
 
     task: str
@@ -245,19 +248,10 @@ def detection_metrics(ref_logits: np.ndarray, ref_boxes: np.ndarray, logits: np.
     m.box_iou_mean, m.box_iou_min = float(ious_a.mean()), float(ious_a.min())
     m.class_agreement, m.score_mae = float(same_a.mean()), float(np.mean(dscore))
     m.map, m.ap50 = coco_map(gt, [(os_[i], oc[i], ob[i]) for i in range(rs.shape[0])], ref_logits.shape[-1] - 1)
-    m.picture = {"gt": [[int(c), *map(float, b)] for c, b in zip(*gt[0])],
-                 "dets": [[int(oc[0][q]), float(os_[0][q]), *map(float, ob[0][q])] for q in range(ob.shape[1])
-                          if os_[0][q] >= score_min]}
     return m
 
 
 # --- segmentation, depth, embeddings ---------------------------------------------------------------------
-def _thumb(a: np.ndarray, side: int = 96) -> list:
-    """A 2-D map cut to at most ``side`` pixels a side (nearest), as nested lists for parity.json."""
-    step = max(1, math.ceil(max(a.shape) / side))
-    return np.asarray(a)[::step, ::step].tolist()
-
-
 def segmentation_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
     """Pixel agreement and mIoU of ``out``'s argmax over axis 1 against ``ref``'s."""
     c = ref.shape[1]
@@ -267,8 +261,7 @@ def segmentation_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
     union = conf.sum(0) + conf.sum(1) - inter
     present = union > 0
     return TaskMetrics("segment", [], samples=int(r.shape[0]), pixel_agreement=float((r == o).mean()),
-                       miou=float((inter[present] / union[present]).mean()), classes=int(present.sum()),
-                       picture={"ref": _thumb(r[0]), "out": _thumb(o[0]), "classes": c})
+                       miou=float((inter[present] / union[present]).mean()), classes=int(present.sum()))
 
 
 def depth_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
@@ -282,9 +275,6 @@ def depth_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
     rv, ov = r[valid], o[valid]
     ratio = np.where(ov > 0, np.maximum(ov / rv, rv / np.maximum(ov, 1e-300)), np.inf)
     m.abs_rel, m.delta1 = float(np.mean(np.abs(ov - rv) / rv)), float(np.mean(ratio < 1.25))
-    err = np.where(valid, np.abs(o - r) / np.where(valid, r, 1.0), 0.0)
-    m.picture = {"ref": _thumb(r.reshape(r.shape[0], *r.shape[-2:])[0]),
-                 "rel_err": _thumb(err.reshape(r.shape[0], *r.shape[-2:])[0])}
     return m
 
 
@@ -313,6 +303,55 @@ def embedding_metrics(ref: np.ndarray, out: np.ndarray, k: int = RECALL_K) -> Ta
     return m
 
 
+# --- the report's picture --------------------------------------------------------------------------------
+_SIDE = 96  # pixels a side of a picture's maps: enough to see, small in parity.json
+
+
+def _thumb(a: np.ndarray, floats: bool = False) -> list:
+    """A 2-D map cut to at most ``_SIDE`` pixels a side (nearest), as nested lists for parity.json;
+    floats kept to 4 significant digits (a depth map may be metres or 1e-7)."""
+    a = np.asarray(a)
+    step = max(1, math.ceil(max(a.shape[:2]) / _SIDE))
+    a = a[::step, ::step]
+    return [[float(f"{v:.4g}") for v in row] for row in a.tolist()] if floats else a.tolist()
+
+
+def _image(feed: np.ndarray | None, i: int) -> dict | None:
+    """Parity sample ``i`` of an image input [N, C, H, W] (C 1 or 3) as base64 RGB bytes, each channel
+    stretched to 0..255 (the input is normalised; the picture only has to be recognisable)."""
+    if feed is None or feed.ndim != 4 or feed.shape[1] not in (1, 3):
+        return None
+    x = np.moveaxis(np.asarray(feed[i], np.float64), 0, -1)
+    lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
+    x = np.repeat((x - lo) / np.where(hi > lo, hi - lo, 1.0), 3 // x.shape[-1], axis=-1)
+    step = max(1, math.ceil(max(x.shape[:2]) / (2 * _SIDE)))
+    img = np.ascontiguousarray((x[::step, ::step] * 255).round().astype(np.uint8))
+    return {"shape": list(img.shape), "rgb": base64.b64encode(img.tobytes()).decode("ascii")}
+
+
+def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np.ndarray | None,
+             score_min: float) -> dict | None:
+    """What the report draws for one parity sample (a detector's: the one with most reference detections)."""
+    if task is Task.detect:
+        rs, rc, rb = _detections(np.asarray(ref[0], np.float64), np.asarray(ref[1], np.float64))
+        os_, oc, ob = _detections(np.asarray(out[0], np.float64), np.asarray(out[1], np.float64))
+        i = int(np.argmax((rs >= score_min).sum(1)))
+        boxes = lambda s, c, b: [[int(c[q]), round(float(s[q]), 4), *(round(float(v), 5) for v in b[q])]  # noqa: E731
+                                 for q in range(len(s)) if s[q] >= score_min]
+        pic = {"ref": boxes(rs[i], rc[i], rb[i]), "out": boxes(os_[i], oc[i], ob[i])}
+    elif task is Task.segment:
+        i = 0
+        pic = {"ref": _thumb(ref[0][i].argmax(0)), "out": _thumb(out[0][i].argmax(0)), "classes": int(ref[0].shape[1])}
+    elif task is Task.depth:
+        i = 0
+        r, o = (np.asarray(a[i], np.float64).reshape(a.shape[-2:]) for a in (ref[0], out[0]))
+        err = np.where(r > 0, np.abs(o - r) / np.where(r > 0, r, 1.0), 0.0)
+        pic = {"ref": _thumb(r, True), "rel_err": _thumb(err, True)}
+    else:
+        return None
+    return {"sample": i, "image": _image(image, i), **pic}
+
+
 # --- the stage's task checks -----------------------------------------------------------------------------
 def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance) -> TaskMetrics:
     if task is Task.detect:
@@ -326,13 +365,15 @@ def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance
 
 
 def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
-                tolerance: Tolerance) -> tuple[TaskMetrics | None, list[Check], list[str]]:
+                tolerance: Tolerance, image: np.ndarray | None = None
+                ) -> tuple[TaskMetrics | None, list[Check], list[str]]:
     """Measure ``task``'s metrics of one stage's outputs and gate them.
 
     Args:
         task: the model's task (None or ``classify``: nothing to add, top-1 is the output gate's).
         reference: the golden outputs by name; ``outs``: the stage's (same names and shapes).
         tolerance: the stage's contract (:meth:`~vitexport.recipe.Tolerance.task_limit` gives each limit).
+        image: the parity samples' image input [N, C, H, W], drawn under a gated stage's picture.
     Returns:
         (metrics or None, checks named ``map[logits,pred_boxes]`` where the model has several outputs
         (``miou`` where one), notes saying why nothing was measured).
@@ -357,4 +398,7 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         if value is None or limit is None or (op == ">=" and limit <= 0) or (op == "<=" and math.isinf(limit)):
             continue
         checks.append(Check(f"{metric}{tag}", value, limit, op, value >= limit if op == ">=" else value <= limit))
+    if checks:  # a gated stage (INT8, an engine) is pictured; the float ones match the reference anyway
+        score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
+        m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score)
     return m, checks, [f"task {task}: {m.note}"] if m.note else []
