@@ -151,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="classifier size of a timm:/torchvision:/hf: model (default: the --weights' head, else the model's)")
     e.add_argument("--outputs", default=None, metavar="NAME,...",
                    help="keep only these of the model's outputs (e.g. logits,pred_boxes); default every tensor output")
-    e.add_argument("--task", default=None, choices=TASKS,
-                   help="what the outputs mean: its metrics are gated beside cosine (mAP, mIoU, AbsRel, recall@k); "
-                        "default: from the model (a ...ForObjectDetection detects)")
+    e.add_argument("--task", default=None, choices=TASKS, metavar="TASK",
+                   help=f"what the outputs mean, one of {', '.join(TASKS)}: its metrics are gated beside cosine "
+                        "(mAP, mIoU, AbsRel, recall@k); default: from the model (a ...ForObjectDetection detects)")
     e.add_argument("--calib", default=None, help="calibration data: image folder or .npz")
     e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y')")
     e.add_argument("--out", default=None, help="output folder (default build/<model>-<target>)")
