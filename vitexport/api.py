@@ -143,10 +143,15 @@ def _check_task_outputs(model: LoadedModel, recipe: Recipe) -> None:
             raise BadInput(f"parity.{stage}.outputs.{name}: the model has no output '{name}'"
                            f"{did_you_mean(name, shapes)}; its outputs are {listed}")
     try:
-        task_outputs(model.task, shapes)
+        names = task_outputs(model.task, shapes)
     except ValueError as exc:
         if model.task_source == "--task":
             raise BadInput(f"--task {model.task}: {exc}; the model's outputs are {listed}") from None
+        return
+    labels = getattr(getattr(model.module.model, "config", None), "num_labels", None)
+    if model.task is Task.detect and labels is not None and shapes[names[0]][-1] == labels:
+        # no "no object" class (Deformable / Conditional DETR, RT-DETR): each class is scored by a sigmoid
+        model.task_options["detect_scores"] = "sigmoid"
 
 
 def export(

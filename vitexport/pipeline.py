@@ -300,7 +300,8 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
                                       source=parity_data.source, layers=True if layers else None)
-    reference.meta["task"] = str(model.task)  # every stage's check measures the task's metrics (parity.tasks)
+    # every stage's check measures the task's metrics (parity.tasks), reading the outputs as the source says
+    reference.meta.update(task=str(model.task), **model.task_options)
     reference.save(out_dir)
     arts.files["reference.npz"] = out_dir / "reference.npz"
     arts.outputs = {k: [batch, *v.shape[1:]] for k, v in reference.outputs.items()}

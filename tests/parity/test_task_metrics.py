@@ -39,6 +39,14 @@ def test_identical_detections_score_map_one():
     assert m.box_iou_mean == pytest.approx(1.0) and m.class_agreement == 1.0 and m.score_mae == pytest.approx(0.0)
 
 
+def test_sigmoid_scored_detections_have_no_no_object_class():
+    logits, boxes = _detector_outputs()
+    sig = logits[..., :-1]  # RT-DETR's layout: one logit per class, each scored by a sigmoid
+    m = detection_metrics(sig, boxes, sig, boxes, scores="sigmoid")
+    assert m.detections == 9 and m.map == pytest.approx(1.0)
+    assert detection_metrics(sig, boxes, sig, boxes).detections < 9  # read as softmax, class 3 would be "no object"
+
+
 def test_one_shifted_box_lowers_map_and_iou():
     logits, boxes = _detector_outputs()
     moved = boxes.copy()

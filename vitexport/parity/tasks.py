@@ -9,6 +9,8 @@ a gate's limit is the loss allowed:
   [B, Q, 4] normalised cx, cy, w, h): the reference's queries whose best class probability reaches
   ``detect_score_min`` are the ground truth; every query of the stage is a scored detection, and
   COCO's evaluator (pycocotools' ``COCOeval``, not a hand-written one) gives mAP@[.5:.95] and AP50.
+  A detector whose logits have no "no object" class (Deformable / Conditional DETR, RT-DETR: as many
+  logits as ``config.num_labels``) scores each class by a sigmoid (``reference.meta["detect_scores"]``).
   Each reference detection is matched to the stage's query of highest IoU (greedy, as COCO matches):
   mean and worst box IoU, the share whose class agrees, the mean score difference.
 - **segment** (``logits`` [B, C, H, W]): pixel agreement and mIoU of the stage's argmax against the
@@ -146,11 +148,16 @@ def task_outputs(task: Task | str, shapes: Mapping[str, Sequence[int]]) -> list[
 
 
 # --- detection -------------------------------------------------------------------------------------------
-def _detections(logits: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(score, class, xyxy box) per query: softmax over classes, the last ("no object") left out."""
-    z = logits - logits.max(-1, keepdims=True)
-    p = np.exp(z)
-    p = (p / p.sum(-1, keepdims=True))[..., :-1]
+def _detections(logits: np.ndarray, boxes: np.ndarray, scores: str = "softmax"
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(score, class, xyxy box) per query: softmax over classes, the last ("no object") left out
+    (DETR, YOLOS); ``scores="sigmoid"``: each class on its own (Deformable DETR, RT-DETR: no such class)."""
+    if scores == "sigmoid":
+        p = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        z = logits - logits.max(-1, keepdims=True)
+        p = np.exp(z)
+        p = (p / p.sum(-1, keepdims=True))[..., :-1]
     cx, cy, w, h = np.moveaxis(boxes, -1, 0)
     xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
     return p.max(-1), p.argmax(-1), xyxy
@@ -223,10 +230,11 @@ def coco_map(gt: Sequence[tuple[np.ndarray, np.ndarray]], dets: Sequence[tuple[n
 
 
 def detection_metrics(ref_logits: np.ndarray, ref_boxes: np.ndarray, logits: np.ndarray, boxes: np.ndarray,
-                      score_min: float = DEFAULT_SCORE_MIN) -> TaskMetrics:
-    """The stage's detections scored against the reference's (module docstring)."""
-    rs, rc, rb = _detections(np.asarray(ref_logits, np.float64), np.asarray(ref_boxes, np.float64))
-    os_, oc, ob = _detections(np.asarray(logits, np.float64), np.asarray(boxes, np.float64))
+                      score_min: float = DEFAULT_SCORE_MIN, scores: str = "softmax") -> TaskMetrics:
+    """The stage's detections scored against the reference's (module docstring); ``scores``: how the
+    logits become class probabilities (``softmax`` with a last "no object" class, or ``sigmoid``)."""
+    rs, rc, rb = _detections(np.asarray(ref_logits, np.float64), np.asarray(ref_boxes, np.float64), scores)
+    os_, oc, ob = _detections(np.asarray(logits, np.float64), np.asarray(boxes, np.float64), scores)
     m = TaskMetrics("detect", [], samples=int(rs.shape[0]))
     gt, ious, same, dscore = [], [], [], []
     for i in range(rs.shape[0]):
@@ -247,7 +255,7 @@ def detection_metrics(ref_logits: np.ndarray, ref_boxes: np.ndarray, logits: np.
     m.matched = int(((ious_a >= 0.5) & same_a).sum())
     m.box_iou_mean, m.box_iou_min = float(ious_a.mean()), float(ious_a.min())
     m.class_agreement, m.score_mae = float(same_a.mean()), float(np.mean(dscore))
-    m.map, m.ap50 = coco_map(gt, [(os_[i], oc[i], ob[i]) for i in range(rs.shape[0])], ref_logits.shape[-1] - 1)
+    m.map, m.ap50 = coco_map(gt, [(os_[i], oc[i], ob[i]) for i in range(rs.shape[0])], ref_logits.shape[-1])
     return m
 
 
@@ -330,11 +338,11 @@ def _image(feed: np.ndarray | None, i: int) -> dict | None:
 
 
 def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np.ndarray | None,
-             score_min: float) -> dict | None:
+             score_min: float, scores: str) -> dict | None:
     """What the report draws for one parity sample (a detector's: the one with most reference detections)."""
     if task is Task.detect:
-        rs, rc, rb = _detections(np.asarray(ref[0], np.float64), np.asarray(ref[1], np.float64))
-        os_, oc, ob = _detections(np.asarray(out[0], np.float64), np.asarray(out[1], np.float64))
+        rs, rc, rb = _detections(np.asarray(ref[0], np.float64), np.asarray(ref[1], np.float64), scores)
+        os_, oc, ob = _detections(np.asarray(out[0], np.float64), np.asarray(out[1], np.float64), scores)
         i = int(np.argmax((rs >= score_min).sum(1)))
         boxes = lambda s, c, b: [[int(c[q]), round(float(s[q]), 4), *(round(float(v), 5) for v in b[q])]  # noqa: E731
                                  for q in range(len(s)) if s[q] >= score_min]
@@ -353,10 +361,10 @@ def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np
 
 
 # --- the stage's task checks -----------------------------------------------------------------------------
-def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance) -> TaskMetrics:
+def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance, scores: str) -> TaskMetrics:
     if task is Task.detect:
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
-        return detection_metrics(ref[0], ref[1], out[0], out[1], score)
+        return detection_metrics(ref[0], ref[1], out[0], out[1], score, scores)
     if task is Task.segment:
         return segmentation_metrics(ref[0], out[0])
     if task is Task.depth:
@@ -365,7 +373,7 @@ def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance
 
 
 def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
-                tolerance: Tolerance, image: np.ndarray | None = None
+                tolerance: Tolerance, image: np.ndarray | None = None, scores: str = "softmax"
                 ) -> tuple[TaskMetrics | None, list[Check], list[str]]:
     """Measure ``task``'s metrics of one stage's outputs and gate them.
 
@@ -374,6 +382,7 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         reference: the golden outputs by name; ``outs``: the stage's (same names and shapes).
         tolerance: the stage's contract (:meth:`~vitexport.recipe.Tolerance.task_limit` gives each limit).
         image: the parity samples' image input [N, C, H, W], drawn under a gated stage's picture.
+        scores: a detector's class scores, ``softmax`` (a last "no object" class) or ``sigmoid``.
     Returns:
         (metrics or None, checks named ``map[logits,pred_boxes]`` where the model has several outputs
         (``miou`` where one), notes saying why nothing was measured).
@@ -389,7 +398,7 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         return None, [], []  # the output gate failed already (output_shape)
     if not all(np.isfinite(outs[n]).all() for n in names):
         return None, [], [f"task {task}: not measured: the outputs hold NaN/Inf"]
-    m = _measure(task, [reference[n] for n in names], [outs[n] for n in names], tolerance)
+    m = _measure(task, [reference[n] for n in names], [outs[n] for n in names], tolerance, scores)
     m.outputs = names
     tag = f"[{','.join(names)}]" if len(reference) > 1 else ""
     checks = []
@@ -400,5 +409,5 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         checks.append(Check(f"{metric}{tag}", value, limit, op, value >= limit if op == ">=" else value <= limit))
     if checks:  # a gated stage (INT8, an engine) is pictured; the float ones match the reference anyway
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
-        m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score)
+        m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score, scores)
     return m, checks, [f"task {task}: {m.note}"] if m.note else []

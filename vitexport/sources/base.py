@@ -98,7 +98,8 @@ class LoadedModel:
         name: a slug used for the default output folder.
         family: ``timm`` | ``torchvision`` | ``hf`` | ``python``.
         preprocess: image preprocessing, when the source knows it.
-        task: what the outputs mean (parity's task metrics); ``task_source`` says who decided it.
+        task: what the outputs mean (parity's task metrics); ``task_source`` says who decided it,
+            ``task_options`` how its outputs read (filled in by ``vitexport.api.prepare``).
     """
 
     module: OutputAdapter
@@ -110,6 +111,8 @@ class LoadedModel:
     meta: dict = field(default_factory=dict)
     task: Task = Task.classify
     task_source: str = ""
+    #: how the task's outputs read (``{"detect_scores": "sigmoid"}``: a detector without a no-object class)
+    task_options: dict = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:
