@@ -27,8 +27,8 @@ _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 }
 _HOW = {
     "detect": "the FP32 model's queries scoring at least the detection threshold are the ground truth, every query of "
-              "the stage a scored detection; mAP is COCO's mAP@[.5:.95] (pycocotools), box IoU is each FP32 "
-              "detection's with its best-matching query",
+              "the stage a scored detection; mAP is COCO's mAP@[.5:.95] (pycocotools), computed on the stages that "
+              "gate it; box IoU is each FP32 detection's with its best-matching query",
     "segment": "each stage's argmax map against the FP32 argmax: mIoU over the classes present in either",
     "depth": "each stage's depth against the FP32 depth over pixels where it is positive: AbsRel = mean |d - d_fp32| / "
              "d_fp32, δ<1.25 the share of pixels within a factor 1.25",
