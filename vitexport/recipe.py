@@ -177,13 +177,14 @@ class Tolerance(_Spec):
                     "being 'no object') reaches this; null: 0.5, DETR's and YOLOS's own post-processing threshold")
     miou_min: float | None = Field(
         default=None, ge=0.0, le=1.0,
-        description="segment: least mean IoU over classes of the stage's argmax map against the FP32 argmax; "
-                    "null: 0.995 on the INT8 stages (a 0.5-point mIoU loss); 0: off")
+        description="segment: least mean IoU over classes of the stage's argmax map against the FP32 argmax, a "
+                    "pixel's flip excused where FP32's top-1/top-2 margin is within top1_margin_z's bound (the "
+                    "top-1 gate's rule); null: 0.995 on the INT8 stages (a 0.5-point mIoU loss); 0: off")
     pixel_agreement_min: float | None = Field(
         default=None, ge=0.0, le=1.0,
-        description="segment: least share of pixels whose argmax class is the FP32 one; null: 0.99 on the INT8 "
-                    "stages (flips sit on class boundaries where FP32 itself is near a tie; mIoU is the strict "
-                    "gate, this one catches a map that is wrong everywhere a little); 0: off")
+        description="segment: least share of pixels whose argmax class is the FP32 one (near ties excused as for "
+                    "miou_min); null: 0.99 on the INT8 stages (mIoU is the strict gate, small classes weighing as "
+                    "much as large ones; this one catches a map that is wrong everywhere a little); 0: off")
     abs_rel_max: float | None = Field(
         default=None, ge=0.0,
         description="depth: largest mean |d - d_fp32| / d_fp32 over pixels with a positive FP32 depth; null: 0.01 on "

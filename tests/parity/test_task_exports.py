@@ -46,6 +46,7 @@ def _stage(out: Path, name: str) -> dict:
     return next(s for s in json.loads((out / "parity.json").read_text())["stages"] if s["stage"] == name)
 
 
+@pytest.mark.slow  # two exports (the second resumes): ~30 s on a loaded 2-core machine
 def test_a_detector_fails_on_map_where_cosine_passes_then_a_looser_map_passes(tmp_path, capsys):
     folder = _confident_yolos(tmp_path / "yolos")
     out = tmp_path / "orin"
@@ -59,7 +60,7 @@ def test_a_detector_fails_on_map_where_cosine_passes_then_a_looser_map_passes(tm
     assert 0 < tm["map"] < 0.995 and tm["detections"] > 0 and 0 < tm["box_iou_mean"] < 1.0
     cosines = [c for c in q["checks"] if c["metric"].startswith("cosine_min")]
     assert cosines and all(c["passed"] for c in cosines)  # the outputs' cosine held: only mAP saw the boxes move
-    assert _stage(out, "simplify")["task_metrics"]["box_iou_mean"] == pytest.approx(1.0)  # float stages: measured, ungated
+    assert _stage(out, "simplify")["task_metrics"]["box_iou_mean"] == pytest.approx(1.0, abs=1e-3)  # float stages: measured, ungated
     assert not any(c["metric"].startswith("map") for c in _stage(out, "simplify")["checks"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["task"] == {"task": "detect", "from": "hf: YolosForObjectDetection"}
@@ -79,18 +80,20 @@ def test_a_detector_fails_on_map_where_cosine_passes_then_a_looser_map_passes(tm
 def test_a_segmenter_is_gated_on_miou_and_shows_its_maps(tmp_path, capsys):
     folder = _segformer(tmp_path / "segformer")
     out = tmp_path / "orin"
-    loose = ["--set", "parity.quantize_int8.miou_min=0.9", "--set", "parity.quantize_int8.pixel_agreement_min=0.9"]
-    rc = main(["export", "--model", f"hf:{folder}", "--target", "orin", "--out", str(out), *FAST, *loose])
+    rc = main(["export", "--model", f"hf:{folder}", "--target", "orin", "--out", str(out), *FAST])
     assert rc == 0, capsys.readouterr().err
     q = _stage(out, "quantize_int8")
-    assert [c["metric"] for c in q["checks"]][-3:-1] == ["miou", "pixel_agreement"]  # then the INT8-share gate
+    assert [c["metric"] for c in q["checks"]][-3:-1] == ["miou_gated", "pixel_agreement_gated"]  # then the INT8-share gate
     tm = q["task_metrics"]
+    # a random-weight SegFormer's logits nearly tie at many pixels: INT8 flips some of them (raw mIoU
+    # below 1), none where FP32 was sure (what the gate reads)
     assert 0.9 <= tm["miou"] < 1.0 and 0.9 <= tm["pixel_agreement"] < 1.0 and tm["classes"] == 5
+    assert tm["miou_gated"] >= 0.995 and tm["near_ties"] > 0
     assert len(tm["picture"]["ref"]) == 16 and tm["picture"]["classes"] == 5  # the 16x16 argmax map, drawn
     assert "mIoU" in (out / "parity.md").read_text()
     assert 'alt="Task: segment: FP32 against the gated stage" src="data:image/png' in (out / "parity.html").read_text()
     stdout = capsys.readouterr().out
-    assert "miou=" in stdout and "pixel_agreement=" in stdout  # the stage lines say it
+    assert "miou=" in stdout and "miou_gated=" in stdout  # the stage lines say it
 
 
 def test_a_task_whose_outputs_the_model_lacks_is_exit_2(tmp_path, capsys):

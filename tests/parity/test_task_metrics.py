@@ -94,6 +94,21 @@ def test_segment_maps_with_k_flipped_pixels():
     assert m.miou == pytest.approx(iou.mean()) and m.classes == 3
 
 
+def test_segment_flips_on_near_ties_are_excused_as_top1_flips_are():
+    ref = np.zeros((1, 2, 16, 16))
+    ref[0, 0] = 1.0  # class 0 everywhere, by a margin of 1 ...
+    ref[0, 1, 0, 0] = 0.999  # ... except one pixel where class 1 nearly ties
+    out = ref.copy()
+    out[0, 1, 0, 0] = 1.001  # the near tie flips
+    out += 0.001 * np.random.default_rng(0).standard_normal(out.shape)  # the error that explains it
+    m = segmentation_metrics(ref, out, z=3.0)
+    assert m.pixel_agreement == pytest.approx(255 / 256) and m.pixel_agreement_gated == 1.0 and m.miou_gated == 1.0
+    assert m.near_ties == pytest.approx(1 / 256)
+    out[0, 1, 3, 3] = 1.5  # a flip where FP32 was sure (margin 1, far above 3·√2·σ, σ ~0.07): it counts
+    m = segmentation_metrics(ref, out, z=3.0)
+    assert m.pixel_agreement_gated == pytest.approx(255 / 256) and m.miou_gated < 1.0
+
+
 def test_depth_absrel_and_delta1():
     ref = np.full((2, 4, 4), 2.0)
     out = ref.copy()
@@ -172,7 +187,7 @@ def test_a_segmenter_single_output_names_its_checks_plainly():
     rng = np.random.default_rng(1)
     ref = rng.standard_normal((3, 4, 6, 6))
     res = check_stage("quantize_int8", _Fixed({"output": ref}), _ref({"output": ref}, "segment"), Int8Tolerance())
-    assert [c.metric for c in res.checks] == ["cosine_min", "miou", "pixel_agreement"]
+    assert [c.metric for c in res.checks] == ["cosine_min", "miou_gated", "pixel_agreement_gated"]
     assert res.passed and "top1_agreement_gated" not in [c.metric for c in res.checks]
 
 

@@ -16,7 +16,8 @@ a gate's limit is the loss allowed:
   the stages that gate it (the INT8 ones by default): COCOeval takes seconds per stage on 512 samples,
   and a float stage's ``max_abs`` gate bounds its boxes far tighter.
 - **segment** (``logits`` [B, C, H, W]): pixel agreement and mIoU of the stage's argmax against the
-  reference's (classes present in either, over all samples).
+  reference's (classes present in either, over all samples); the gates read their margin-gated forms,
+  where a pixel whose reference classes nearly tie may flip (the top-1 gate's rule, per pixel).
 - **depth** (``predicted_depth`` [B, H, W]): AbsRel and δ<1.25 over pixels of positive reference depth.
 - **embed** (``image_embeds``, ``pooler_output``, a 2-D output, else token 0 of ``last_hidden_state``):
   recall@k agreement, the share of each sample's k nearest parity samples (cosine) by the reference's
@@ -49,7 +50,7 @@ RECALL_K = 5
 _BOX_SCALE = 1000.0  # normalised boxes scaled to a 1000-pixel image: COCO's area ranges read pixels
 #: a task check's metric → (the TaskMetrics field it gates, the tolerance key of its limit, op)
 TASK_METRICS: dict[str, tuple[str, str]] = {
-    "map": ("map_min", ">="), "miou": ("miou_min", ">="), "pixel_agreement": ("pixel_agreement_min", ">="),
+    "map": ("map_min", ">="), "miou_gated": ("miou_min", ">="), "pixel_agreement_gated": ("pixel_agreement_min", ">="),
     "abs_rel": ("abs_rel_max", "<="), "delta1": ("delta1_min", ">="), "recall_at_k": ("recall_at_k_min", ">="),
 }
 
@@ -66,7 +67,9 @@ class TaskMetrics(Sparse):
         box_iou_mean, box_iou_min: IoU of each reference detection with its matched query.
         class_agreement: share of reference detections whose matched query has the same class.
         score_mae: mean |score difference| of the matched pairs.
-        miou, pixel_agreement, classes: segment (classes present in either argmax map).
+        miou, pixel_agreement, classes: segment (classes present in either argmax map); ``*_gated``:
+            flips on the reference's near ties excused (what the gates check), ``near_ties`` the share
+            of such pixels (:func:`segmentation_metrics`).
         abs_rel, delta1: depth.
         recall_at_k, k: embed.
         note: why a figure is missing (no confident detection, non-finite outputs).
@@ -88,6 +91,9 @@ class TaskMetrics(Sparse):
     score_mae: float | None = None
     miou: float | None = None
     pixel_agreement: float | None = None
+    miou_gated: float | None = None
+    pixel_agreement_gated: float | None = None
+    near_ties: float | None = None
     classes: int | None = None
     abs_rel: float | None = None
     delta1: float | None = None
@@ -98,7 +104,7 @@ class TaskMetrics(Sparse):
 
     def short(self) -> str:
         """The headline figures for a terminal line (`` map=0.9981 box_iou=0.987``)."""
-        keys = {"detect": ("map", "box_iou_mean"), "segment": ("miou", "pixel_agreement"),
+        keys = {"detect": ("map", "box_iou_mean"), "segment": ("miou", "miou_gated"),
                 "depth": ("abs_rel", "delta1"), "embed": ("recall_at_k",)}.get(self.task, ())
         return "".join(f" {k.removesuffix('_mean')}={getattr(self, k):.4f}" for k in keys if getattr(self, k) is not None)
 
@@ -270,16 +276,39 @@ def detection_metrics(ref_logits: np.ndarray, ref_boxes: np.ndarray, logits: np.
 
 
 # --- segmentation, depth, embeddings ---------------------------------------------------------------------
-def segmentation_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
-    """Pixel agreement and mIoU of ``out``'s argmax over axis 1 against ``ref``'s."""
-    c = ref.shape[1]
-    r, o = np.asarray(ref).argmax(1), np.asarray(out).argmax(1)
-    conf = np.bincount((r * c + o).ravel(), minlength=c * c).reshape(c, c)
+def _miou(r: np.ndarray, o: np.ndarray, c: int) -> tuple[float, int]:
+    """Mean IoU over the classes present in either map, and how many are."""
+    conf = np.bincount((r.astype(np.int64) * c + o).ravel(), minlength=c * c).reshape(c, c)
     inter = np.diag(conf).astype(np.float64)
     union = conf.sum(0) + conf.sum(1) - inter
     present = union > 0
-    return TaskMetrics("segment", [], samples=int(r.shape[0]), pixel_agreement=float((r == o).mean()),
-                       miou=float((inter[present] / union[present]).mean()), classes=int(present.sum()))
+    return float((inter[present] / union[present]).mean()), int(present.sum())
+
+
+def segmentation_metrics(ref: np.ndarray, out: np.ndarray, z: float | None = None) -> TaskMetrics:
+    """Pixel agreement and mIoU of ``out``'s argmax over axis 1 against ``ref``'s.
+
+    With ``z`` (``Tolerance.top1_margin_z``), also their *gated* forms: a pixel's flip counts only where
+    the reference's top-1/top-2 logit margin exceeds ``z * sqrt(2) * sigma``, sigma the sample's RMS output
+    error: the top-1 gate's rule (:mod:`.metrics`) per pixel. A boundary pixel whose classes FP32 itself
+    nearly ties flips on any error at all; counting those gates on noise, not on what INT8 broke.
+    """
+    c = ref.shape[1]
+    ref, out = np.asarray(ref), np.asarray(out)
+    r, o = ref.argmax(1), out.argmax(1)
+    miou, classes = _miou(r, o, c)
+    m = TaskMetrics("segment", [], samples=int(r.shape[0]), pixel_agreement=float((r == o).mean()), miou=miou,
+                    classes=classes)
+    if z is not None:
+        top2 = np.partition(ref, c - 2, axis=1)[:, -2:]
+        margin = top2[:, 1] - top2[:, 0]
+        diff = (out.astype(np.float64) - ref).reshape(ref.shape[0], -1)
+        sigma = np.sqrt(np.mean(diff ** 2, axis=1)).reshape(-1, *(1,) * (margin.ndim - 1))
+        near = margin <= z * math.sqrt(2.0) * sigma
+        gated = np.where(near, r, o)
+        m.miou_gated, _ = _miou(r, gated, c)
+        m.pixel_agreement_gated, m.near_ties = float((r == gated).mean()), float(near.mean())
+    return m
 
 
 def depth_metrics(ref: np.ndarray, out: np.ndarray) -> TaskMetrics:
@@ -377,7 +406,7 @@ def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance
         gated = (tolerance.task_limit("map_min") or 0.0) > 0  # COCOeval costs seconds: where it is gated
         return detection_metrics(ref[0], ref[1], out[0], out[1], score, scores, with_map=gated)
     if task is Task.segment:
-        return segmentation_metrics(ref[0], out[0])
+        return segmentation_metrics(ref[0], out[0], tolerance.top1_margin_z)
     if task is Task.depth:
         return depth_metrics(ref[0], out[0])
     return embedding_metrics(ref[0], out[0])

@@ -21,7 +21,9 @@ _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "detect": [("mAP", "map", "g"), ("AP50", "ap50", "g"), ("box IoU mean", "box_iou_mean", "g"),
                ("box IoU min", "box_iou_min", "g"), ("class agreement", "class_agreement", "pct"),
                ("score MAE", "score_mae", "g"), ("FP32 detections", "detections", "g"), ("matched", "matched", "g")],
-    "segment": [("mIoU", "miou", "g"), ("pixel agreement", "pixel_agreement", "pct"), ("classes", "classes", "g")],
+    "segment": [("mIoU", "miou", "g"), ("pixel agreement", "pixel_agreement", "pct"), ("gated mIoU", "miou_gated", "g"),
+                ("gated pixel agreement", "pixel_agreement_gated", "pct"), ("near ties", "near_ties", "pct"),
+                ("classes", "classes", "g")],
     "depth": [("AbsRel", "abs_rel", "g"), ("δ<1.25", "delta1", "pct")],
     "embed": [("recall@k", "recall_at_k", "pct"), ("k", "k", "g")],
 }
@@ -29,7 +31,9 @@ _HOW = {
     "detect": "the FP32 model's queries scoring at least the detection threshold are the ground truth, every query of "
               "the stage a scored detection; mAP is COCO's mAP@[.5:.95] (pycocotools), computed on the stages that "
               "gate it; box IoU is each FP32 detection's with its best-matching query",
-    "segment": "each stage's argmax map against the FP32 argmax: mIoU over the classes present in either",
+    "segment": "each stage's argmax map against the FP32 argmax: mIoU over the classes present in either; the gated "
+               "forms excuse flips on near ties, pixels whose FP32 top-1/top-2 margin is within the error's reach "
+               "(the top-1 gate's rule), and are what the gates check",
     "depth": "each stage's depth against the FP32 depth over pixels where it is positive: AbsRel = mean |d - d_fp32| / "
              "d_fp32, δ<1.25 the share of pixels within a factor 1.25",
     "embed": "recall@k: the share of each parity sample's k nearest parity samples (cosine) by FP32 embeddings that the "
