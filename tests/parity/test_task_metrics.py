@@ -149,14 +149,16 @@ class _Fixed(BaseRunner):
         pass
 
     def input_specs_impl(self):
-        return [InputSpec("x", (3, 2), np.dtype(np.float32))]
+        n = next(iter(self.outs.values())).shape[0] if self.outs else 3
+        return [InputSpec("x", (n, 2), np.dtype(np.float32))]
 
     def infer_impl(self, feed):
         return self.outs
 
 
 def _ref(outputs: dict, task: str) -> GoldenReference:
-    ref = GoldenReference(outputs, [{"x": np.zeros((3, 2), np.float32)}])
+    n = next(iter(outputs.values())).shape[0]
+    ref = GoldenReference(outputs, [{"x": np.zeros((n, 2), np.float32)}])
     ref.meta["task"] = task
     return ref
 
@@ -213,3 +215,31 @@ def test_per_output_cosine_gate_and_an_unknown_output_is_bad_input():
 def test_task_checks_say_why_nothing_was_measured():
     m, checks, notes = task_checks("detect", {"output": np.zeros((2, 10))}, {"output": np.zeros((2, 10))}, Int8Tolerance())
     assert m is None and not checks and "detect needs" in notes[0]
+
+
+def test_an_embedder_reports_recall_at_k_ungated_by_default():
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((10, 16))
+    hidden = rng.standard_normal((10, 4, 16))
+    ref = _ref({"last_hidden_state": hidden, "pooler_output": emb}, "embed")
+    res = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb}), ref, Int8Tolerance())
+    assert res.task_metrics.outputs == ["pooler_output"] and res.task_metrics.recall_at_k == 1.0
+    assert res.task_metrics.k == 5
+    assert not any(c.metric.startswith("recall") for c in res.checks)  # null: reported, not gated
+    gated = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb[::-1].copy()}), ref,
+                        Int8Tolerance(recall_at_k_min=0.9, cosine_min=-1.0))
+    assert gated.failed_check.metric == "recall_at_k[pooler_output]"
+
+
+def test_a_classifier_report_has_no_task_section_and_a_detector_one_has():
+    from vitexport.parity.report import render_markdown
+
+    base = {"passed": True, "stages": [{"stage": "quantize_int8", "engine": "onnxruntime", "passed": True,
+                                        "metrics": {"cosine_min": 0.99}, "checks": []}]}
+    assert "Task" not in render_markdown({**base, "task": "classify"})
+    logits, boxes = _detector_outputs()
+    stage = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": boxes}),
+                        _ref({"logits": logits, "pred_boxes": boxes}, "detect"), Int8Tolerance()).to_dict()
+    md = render_markdown({"passed": True, "task": "detect", "task_source": "--task", "stages": [stage]})
+    assert "## Task: detect" in md and "task: detect (from --task)" in md and "| quantize\\_int8 |" not in md
+    assert "| quantize_int8 | fixed | 1 | 1 |" in md  # mAP and AP50 of identical detections
