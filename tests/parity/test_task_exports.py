@@ -126,3 +126,25 @@ def test_the_task_comes_from_what_the_source_built():
     ]
     assert [infer_task(m, family)[0] for m, family, _ in cases] == [t for _, _, t in cases]
     assert infer_task(transformers.ViTModel(transformers.ViTConfig(**tiny)), "hf")[1] == "hf: ViTModel"
+
+
+@pytest.mark.slow  # one export for openvino: ~25 s on a loaded 2-core machine
+def test_a_detector_on_openvino_answers_pred_boxes_by_name(tmp_path, capsys):
+    """OpenVINO's CPU plugin fused this YOLOS's pred_boxes output with the Add before it, and the compiled
+    port's get_any_name() answered '/model/model/bbox_predictor/layers.2/Add_output_0': the engine stage
+    failed output_shape[pred_boxes]. The runner names outputs as the file does."""
+    torch.manual_seed(0)
+    config = transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                      image_size=[64, 64], patch_size=16, num_detection_tokens=10, num_labels=3)
+    model = transformers.YolosForObjectDetection(config)
+    with torch.no_grad():
+        for layer in [*model.class_labels_classifier.layers, *model.bbox_predictor.layers]:
+            layer.weight.mul_(10.0)
+    model.save_pretrained(tmp_path / "yolos")
+    out = tmp_path / "openvino"
+    rc = main(["export", "--model", f"hf:{tmp_path / 'yolos'}", "--target", "openvino", "--out", str(out), *FAST,
+               "--set", "parity.build_engine.int8_share_min=0"])
+    assert rc == 0, capsys.readouterr().err
+    engine = _stage(out, "build_engine")
+    assert engine["engine"] == "openvino-cpu" and engine["task_metrics"]["detections"] > 0
+    assert {"cosine_min[pred_boxes]", "map[logits,pred_boxes]"} <= {c["metric"] for c in engine["checks"]}
