@@ -9,14 +9,15 @@ from .calibration import SampleSet, load_samples, random_samples
 from .calibration.feeds import FeedSet
 from .check import check_file
 from .demo import DEMO_CALIB, DEMO_HELDOUT, DEMO_MODEL_URI, DEMO_WEIGHTS
-from .errors import InternalError, ParityFailure, VitexportError, classify
+from .errors import BadInput, InternalError, ParityFailure, VitexportError, classify, did_you_mean
 from .io import write_error_log
 from .parity import compare_models, render_reports
+from .parity.tasks import task_outputs
 from .pipeline import Artifacts, run_pipeline
 from .runners import feed_size
 from .preflight import check_model, check_output_folder, run_needs
 from .progress import Heartbeat
-from .recipe import StageName, parse_stage
+from .recipe import Recipe, StageName, Task, parse_stage
 from .sources import LoadedModel, load_model
 from .targets import Target, load_recipe, load_target, registered_targets
 
@@ -63,6 +64,7 @@ def prepare(
     trust_pickle: bool = False,
     num_classes: int | None = None,
     outputs: str | Sequence[str] | None = None,
+    task: str | None = None,
 ) -> tuple[LoadedModel, Target, SampleSet, SampleSet, list[str]]:
     """Resolve everything a run needs and validate it before any artifact is written.
 
@@ -71,12 +73,15 @@ def prepare(
     (it must run, and agree with itself).
 
     With no ``model_uri`` the bundled demo (and its weights and data) is used; with no ``target``
-    the default one (:data:`vitexport.targets.DEFAULT_TARGET`).
+    the default one (:data:`vitexport.targets.DEFAULT_TARGET`). ``task`` (``classify|detect|segment|
+    depth|embed``) says what the outputs mean; None: what the source built says
+    (:func:`vitexport.sources.infer_task`).
     Returns:
         (model, the run's target (its ``recipe`` validated), calibration samples, parity samples,
         notes for the report).
     Raises:
-        BadInput: bad recipe, model, weights, shape or data; a model that is not deterministic.
+        BadInput: bad recipe, model, weights, shape or data; a model that is not deterministic; a
+            ``task`` whose outputs the model lacks; a per-output gate naming no output.
         UserCodeError: the user's ``python:`` code raised (importing, building or in forward).
         ResourceLimit: the run cannot fit in memory (the estimate and the setting are named).
     """
@@ -89,7 +94,7 @@ def prepare(
         calib = DEMO_CALIB if calib is None else calib
         parity_data = DEMO_HELDOUT if parity_data is None else parity_data
     model = load_model(model_uri, weights=weights, input_shape=input_shape, batch_size=recipe.export.batch_size,
-                       trust_pickle=trust_pickle, num_classes=num_classes, outputs=outputs)
+                       trust_pickle=trust_pickle, num_classes=num_classes, outputs=outputs, task=task)
     notes: list[str] = list(model.meta.get("notes", ()))  # what the source decided (the Hugging Face class built)
     cal_spec = recipe.calibration
     kw = dict(preprocess=model.preprocess, spec=cal_spec.preprocess)
@@ -116,7 +121,37 @@ def prepare(
     run_needs(model, recipe, len(parity_set))
     parity_set = FeedSet(parity_set, batch).whole_batches()  # each parity sample counted once
     check_model(model, parity_set)
+    _check_task_outputs(model, recipe)
     return model, run_target, calib_set, parity_set, notes
+
+
+def _check_task_outputs(model: LoadedModel, recipe: Recipe) -> None:
+    """Before any work: ``--task`` must find the outputs its metrics read, and a per-output gate
+    (``parity.<stage>.outputs.<name>``) must name an output the model has. A task the source
+    inferred whose outputs ``--outputs`` left out is measured nowhere, which each stage's notes say."""
+    gated = {(str(stage), name) for stage in StageName for name in (recipe.tolerance(stage).outputs or {})}
+    if model.task is Task.classify and not gated:
+        return
+    import torch  # loaded already by the model's source
+
+    with torch.no_grad():
+        out = model.module(**model.example_inputs)
+    shapes = dict(zip(model.output_names, (tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,)))))
+    listed = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
+    for stage, name in sorted(gated):
+        if name not in shapes:
+            raise BadInput(f"parity.{stage}.outputs.{name}: the model has no output '{name}'"
+                           f"{did_you_mean(name, shapes)}; its outputs are {listed}")
+    try:
+        names = task_outputs(model.task, shapes)
+    except ValueError as exc:
+        if model.task_source == "--task":
+            raise BadInput(f"--task {model.task}: {exc}; the model's outputs are {listed}") from None
+        return
+    labels = getattr(getattr(model.module.model, "config", None), "num_labels", None)
+    if model.task is Task.detect and labels is not None and shapes[names[0]][-1] == labels:
+        # no "no object" class (Deformable / Conditional DETR, RT-DETR): each class is scored by a sigmoid
+        model.task_options["detect_scores"] = "sigmoid"
 
 
 def export(
@@ -136,6 +171,7 @@ def export(
     log: Callable[[str], None] = lambda s: None,
     heartbeat: Heartbeat | None = None,
     outputs: str | Sequence[str] | None = None,
+    task: str | None = None,
 ) -> Artifacts:
     """Export a model for a target, gating every stage with parity.
 
@@ -158,6 +194,8 @@ def export(
             default a line through ``log`` every 10 s.
         outputs: keep only these of the model's tensor outputs (``'logits,pred_boxes'`` or a list);
             default every one, each a named ONNX output gated on its own (one output is ``output``).
+        task: what the outputs mean, ``classify|detect|segment|depth|embed`` (its metrics and gates:
+            :mod:`vitexport.parity.tasks`); None: read from the source (a ``...ForObjectDetection`` detects).
     Returns:
         :class:`~vitexport.pipeline.Artifacts`.
     Raises:
@@ -176,7 +214,7 @@ def export(
         model, run_target, calib_set, parity_set, notes = prepare(
             model_uri, target, weights=weights, input_shape=input_shape, calib=calib,
             parity_data=parity_data, overrides=overrides, trust_pickle=trust_pickle, num_classes=num_classes,
-            outputs=outputs,
+            outputs=outputs, task=task,
         )
         if where["out"] is None:
             where["out"] = check_output_folder(DEFAULT_BUILD_DIR / f"{model.name}-{run_target.recipe.name}")

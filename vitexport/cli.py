@@ -18,9 +18,11 @@ import warnings
 from typing import Iterator, Sequence
 
 from .errors import BadInput, InternalError, VitexportError, VitexportWarning, classify, one_line
-from .recipe import StageName
+from .recipe import StageName, Task
 
 __all__ = ["main", "build_parser"]
+
+TASKS = [t.value for t in Task]
 
 
 # Help text names the default target by this mark: the registry that holds it loads torch-free but
@@ -56,6 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     arts = api.export(
         args.model, args.target, weights=args.weights, input_shape=args.input_shape, calib=args.calib,
         parity_data=args.parity_data, out=args.out, overrides=args.set, layers=args.layers, outputs=args.outputs,
+        task=args.task,
         trust_pickle=args.trust_pickle, num_classes=args.num_classes, resume=not args.no_resume,
         log=lambda line: print(line, flush=True),
         heartbeat=Heartbeat(live=sys.stdout.isatty()),  # a spinner on a terminal, a line every 10 s elsewhere
@@ -148,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="classifier size of a timm:/torchvision:/hf: model (default: the --weights' head, else the model's)")
     e.add_argument("--outputs", default=None, metavar="NAME,...",
                    help="keep only these of the model's outputs (e.g. logits,pred_boxes); default every tensor output")
+    e.add_argument("--task", default=None, choices=TASKS, metavar="TASK",
+                   help=f"what the outputs mean, one of {', '.join(TASKS)}: its metrics are gated beside cosine "
+                        "(mAP, mIoU, AbsRel, recall@k); default: from the model (a ...ForObjectDetection detects)")
     e.add_argument("--calib", default=None, help="calibration data: image folder or .npz")
     e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y')")
     e.add_argument("--out", default=None, help="output folder (default build/<model>-<target>)")

@@ -231,7 +231,7 @@ def run_pipeline(
     with beat.track("reference", log):
         ctx = _begin(model, target, out_dir, parity_data, calib, layers, keep_source, arts, meter)
     run = ParityRun(model=display_path(model.uri), target=recipe.name, data=display_path(parity_data.source),
-                    notes=[data_note] if data_note else [])
+                    notes=[data_note] if data_note else [], task=str(model.task), task_source=model.task_source)
     _note_data_check(run, data_check, log)
     run.notes.extend(_output_notes(model, arts.outputs))
     mark_vacuous(ctx.reference, run)  # a constant reference makes every gate pass trivially: say so loudly
@@ -300,11 +300,15 @@ def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: Sampl
     with TorchRunner(model.module, model.example_inputs, name="untouched") as runner:
         reference = capture_reference(runner, list(parity_data.batches(batch)), labels=parity_data.labels,
                                       source=parity_data.source, layers=True if layers else None)
+    # every stage's check measures the task's metrics (parity.tasks), reading the outputs as the source says
+    reference.meta.update(task=str(model.task), **model.task_options)
     reference.save(out_dir)
     arts.files["reference.npz"] = out_dir / "reference.npz"
     arts.outputs = {k: [batch, *v.shape[1:]] for k, v in reference.outputs.items()}
     _record_peak(arts, "reference", meter.lap())
-    key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint())
+    # a task other than classify joins the key: a stage recorded under another task measured other metrics
+    task = [str(model.task)] if str(model.task) != "classify" else []
+    key = content_key(__version__, module_hash(model.module, model.example_inputs), parity_data.fingerprint(), *task)
     return RunContext(model=model, target=target, out_dir=out_dir, calib=calib, reference=reference,
                       unmasked=_unmasked(reference), key=key, layers=layers, keep_source=keep_source,
                       module=model.module, owned=not keep_source, files=arts.files)
@@ -353,7 +357,7 @@ def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: 
                             unmasked=ctx.unmasked, artifacts=found.files)
     res.tolerance, res.metrics, res.checks, res.passed = fresh.tolerance, fresh.metrics, fresh.checks, fresh.passed
     res.histogram, res.nonfinite_source, res.parity_seconds = fresh.histogram, fresh.nonfinite_source, fresh.parity_seconds
-    res.output_metrics, res.sample_cosines = fresh.output_metrics, fresh.sample_cosines
+    res.output_metrics, res.sample_cosines, res.task_metrics = fresh.output_metrics, fresh.sample_cosines, fresh.task_metrics
     gate_int8_share(res, tol)
     return True
 
@@ -457,6 +461,7 @@ def _stage_line(res: StageResult, peak: int | None = None, resumed: str | None =
     extra = (f" top1={m.top1_agreement:.4f} gated={m.top1_agreement_gated:.4f}"
              if m.top1_agreement is not None and m.top1_agreement_gated is not None else "")
     acc = f" acc={m.accuracy:.4f}" if m.accuracy is not None else ""
+    acc += res.task_metrics.short() if res.task_metrics is not None else ""  # map=0.9981 box_iou=0.987
     if res.output_metrics:  # several outputs: the line's figures are the primary's; the worst other one is said too
         name, worst = min(res.output_metrics.items(), key=lambda kv: kv[1].cosine_min)
         acc += f" worst={name} cos_min={worst.cosine_min:.6f}" if worst.cosine_min < m.cosine_min else ""
@@ -486,6 +491,8 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "vitexport": __version__,
         "model": display_path(model.uri),
         "target": recipe.name,
+        # what the outputs mean (the task metrics parity gates) and who said so (the source's class, --task)
+        "task": {"task": str(model.task), "from": model.task_source},
         "passed": run.passed,
         # "rejected": a gate failed; ``rejected`` names it, its value against the threshold, and the
         # files moved into rejected/ (none of them may ship)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -29,6 +29,9 @@ from .errors import BadInput, did_you_mean
 
 __all__ = [
     "StageName",
+    "Task",
+    "TASK_GATES",
+    "OutputTolerance",
     "PASS_STAGES",
     "CalibrationMethod",
     "LayerNormMode",
@@ -59,6 +62,31 @@ class StageName(enum.StrEnum):
     simulate = "simulate"
 
 
+class Task(enum.StrEnum):
+    """What the model's outputs mean, and so which metric parity gates beside cosine (see
+    :mod:`vitexport.parity.tasks`): the source says it (a Hugging Face ``...ForObjectDetection`` detects),
+    ``--task`` overrides it."""
+
+    classify = "classify"
+    detect = "detect"
+    segment = "segment"
+    depth = "depth"
+    embed = "embed"
+
+
+#: the task gates the INT8 stages (``quantize_int8`` and the engine built from its file) apply when the
+#: recipe leaves them null, each measured against the FP32 model's own outputs on the parity samples
+#: (which score 1.0 / 0.0 by construction, so a limit is the loss allowed); the reasons are in
+#: :class:`Tolerance`'s field descriptions. The float stages report these metrics ungated: their
+#: ``max_abs`` gate is far tighter.
+TASK_GATES: dict[str, float] = {
+    "map_min": 0.995,
+    "miou_min": 0.995,
+    "pixel_agreement_min": 0.99,
+    "abs_rel_max": 0.01,
+    "delta1_min": 0.995,
+}
+
 #: the torch passes, in the order the pipeline runs them
 PASS_STAGES: tuple[StageName, ...] = (StageName.freeze_layernorm, StageName.mask_to_where, StageName.fuse_qkv)
 #: every stage name, in pipeline order (the values of :class:`StageName`)
@@ -85,6 +113,14 @@ class Exporter(str, enum.Enum):
     auto = "auto"
     torchscript = "torchscript"
     dynamo = "dynamo"
+
+
+class OutputTolerance(_Spec):
+    """One output's own distance gates (``parity.<stage>.outputs.pred_boxes.cosine_min=0.99``): they
+    replace the stage's for that output; null keeps the stage's."""
+
+    cosine_min: float | None = Field(default=None, ge=-1.0, le=1.0)
+    max_abs: float | None = Field(default=None, ge=0.0)
 
 
 class Tolerance(_Spec):
@@ -123,6 +159,62 @@ class Tolerance(_Spec):
         default=None, ge=0,
         description="most compute ops (not Reshape/Transpose-like data movement) the backend may place on the "
                     "CPU; null: the target's own (a backend that reports no placement is not gated)")
+    outputs: dict[str, OutputTolerance] | None = Field(
+        default=None,
+        description="per-output distance gates by output name (a detector's pred_boxes may need another cosine "
+                    "than its logits); an output not named keeps the stage's")
+    # Task gates (vitexport.parity.tasks): null means TASK_GATES' default on the INT8 stages and ungated
+    # elsewhere, as int8_share_min's null means the target's own, so a classifier's tolerance and
+    # report read as before and a resumed stage's recorded tolerance still equals the recipe's.
+    map_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="detect: least COCO mAP@[.5:.95] (pycocotools) of the stage's detections scored against the "
+                    "FP32 model's confident detections as ground truth; null: 0.995 on the INT8 stages, the "
+                    "0.5-point mAP loss a deployment accepts for INT8 (FP32 scores 1.0 against itself); 0: off")
+    detect_score_min: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="detect: a query is a detection when its best class probability (softmax, the last class "
+                    "being 'no object') reaches this; null: 0.5, DETR's and YOLOS's own post-processing threshold")
+    miou_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="segment: least mean IoU over classes of the stage's argmax map against the FP32 argmax, a "
+                    "pixel's flip excused where FP32's top-1/top-2 margin is within top1_margin_z's bound (the "
+                    "top-1 gate's rule); null: 0.995 on the INT8 stages (a 0.5-point mIoU loss); 0: off")
+    pixel_agreement_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="segment: least share of pixels whose argmax class is the FP32 one (near ties excused as for "
+                    "miou_min); null: 0.99 on the INT8 stages (mIoU is the strict gate, small classes weighing as "
+                    "much as large ones; this one catches a map that is wrong everywhere a little); 0: off")
+    abs_rel_max: float | None = Field(
+        default=None, ge=0.0,
+        description="depth: largest mean |d - d_fp32| / d_fp32 over pixels with a positive FP32 depth; null: 0.01 on "
+                    "the INT8 stages (1 %, a tenth of what good monocular models score against labels, so the "
+                    "FP32 model's error dominates); .inf: off")
+    delta1_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="depth: least share of pixels with max(d/d_fp32, d_fp32/d) < 1.25; null: 0.995 on the INT8 "
+                    "stages (at most 0.5 % of pixels grossly wrong); 0: off")
+    recall_at_k_min: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="embed: least mean share of each parity sample's k=5 nearest neighbours (cosine, among the "
+                    "parity samples) by FP32 embeddings that the stage's embeddings also rank in their k nearest; "
+                    "null: reported, not gated (neighbours of near-equal similarity swap on noise; the per-sample "
+                    "cosine gate bounds the embedding's error)")
+
+    #: the task gates' values where the recipe leaves them null (EngineTolerance: TASK_GATES)
+    task_defaults: ClassVar[Mapping[str, float]] = {}
+
+    def task_limit(self, key: str) -> float | None:
+        """A task gate's limit: the recipe's value, else this stage's default (None: not gated)."""
+        value = getattr(self, key)
+        return value if value is not None else self.task_defaults.get(key)
+
+    def for_output(self, name: str) -> "Tolerance":
+        """The tolerance one output is gated with: the stage's, with that output's own ``outputs`` entry."""
+        own = (self.outputs or {}).get(name)
+        if own is None:
+            return self
+        return self.model_copy(update={k: v for k, v in own.model_dump().items() if v is not None})
 
 
 # Each stage's contract, with that stage's defaults. A partial mapping in a recipe validates against
@@ -151,6 +243,7 @@ class EngineTolerance(Tolerance):
 
     cosine_min: float | None = 0.98
     top1_agreement: float | None = 0.9
+    task_defaults: ClassVar[Mapping[str, float]] = TASK_GATES
 
 
 class Int8Tolerance(EngineTolerance):

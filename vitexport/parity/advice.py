@@ -18,12 +18,13 @@ import math
 from ..recipe import PASS_STAGES, Recipe, StageName
 from .metrics import Check
 from .share import SHARE_METRICS
+from .tasks import TASK_METRICS
 
 __all__ = ["failure_advice", "accepting_limit"]
 
 #: a failed check's metric → the tolerance key that sets its limit
 _KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement",
-         **SHARE_METRICS}
+         **SHARE_METRICS, **{metric: key for metric, (key, _) in TASK_METRICS.items()}}
 _INT8_STAGES = (StageName.quantize_int8, StageName.build_engine)
 
 

@@ -18,13 +18,14 @@ import numpy as np
 from pydantic import Field, model_serializer, model_validator
 
 from ..runners.base import BaseRunner
-from ..errors import ParityFailure
+from ..errors import BadInput, ParityFailure, did_you_mean
 from ..recipe import StageName, Tolerance
 from .data import Data, TolerancePlain, result
 from .layers import LayerReport, LayerResult
 from .metrics import Check, Metrics, compare, error_histogram, sample_cosines
 from .nonfinite import locate_nonfinite_source
 from .reference import GoldenReference, vacuous_reason
+from .tasks import TaskMetrics, task_checks
 
 __all__ = ["StageResult", "ParityRun", "check_stage", "mark_vacuous", "SCHEMA_VERSION", "DEFAULT_REFERENCE"]
 
@@ -63,6 +64,8 @@ class StageResult(Data):
         output_metrics: a model with several outputs: each output's metrics by name (``metrics``,
             the histogram and the sample cosines are the primary output's); its checks are named
             ``cosine_min[pred_boxes]``. None for a model with one output.
+        task_metrics: the task's metrics against the reference (a detector's mAP, a segmenter's
+            mIoU: :mod:`.tasks`); None for a classifier.
 
     In ``parity.json`` the layer report is split as before: ``layers`` (the list) and
     ``layer_summary`` (the rest); ``failed_metric`` is added for readers of the file.
@@ -87,6 +90,7 @@ class StageResult(Data):
     parity_seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
     output_metrics: dict[str, Metrics] | None = None
+    task_metrics: TaskMetrics | None = None
 
     def __bool__(self) -> bool:
         return bool(self.passed)
@@ -140,6 +144,8 @@ class StageResult(Data):
         report = d.pop("layer_report")
         if d.get("output_metrics") is None:
             d.pop("output_metrics", None)  # one output: the file reads as before several were gated
+        if d.get("task_metrics") is None:
+            d.pop("task_metrics", None)  # a classifier's file reads as before tasks were measured
         d["failed_metric"] = self.failed_metric
         d["layers"] = report.pop("layers") if report is not None else None
         if report is not None:
@@ -168,7 +174,8 @@ class ParityRun(Data):
 
     ``passed`` may be set by the pipeline (a run can fail outside a stage); the verdict written to
     ``parity.json`` is ``passed and all(stage.passed)``, so appending a failed stage is enough.
-    ``notes`` are run-level remarks, ``skipped`` the stages the recipe disabled, ``extra`` further
+    ``notes`` are run-level remarks, ``skipped`` the stages the recipe disabled, ``task`` what the
+    outputs mean (the task metrics each stage reports), ``extra`` further
     top-level keys for ``parity.json`` (versions, timestamps...; unknown keys of a file land here).
     """
 
@@ -179,6 +186,9 @@ class ParityRun(Data):
     reference: str = DEFAULT_REFERENCE
     notes: list[str] = field(default_factory=list)
     skipped: list[StageLabel] = field(default_factory=list)
+    #: what the outputs mean (``classify``, ``detect``...) and who said so; None: written before tasks
+    task: str | None = None
+    task_source: str | None = None
     stages: list[StageResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -275,15 +285,33 @@ def _mismatch_metrics() -> Metrics:
     return Metrics(math.inf, math.inf, math.inf, -1.0, -1.0, -math.inf)
 
 
-def _output_tolerance(tolerance: Tolerance, classifies: bool) -> Tolerance:
-    """Top-1 and accuracy gate the classification output only; distances gate every output."""
+def _output_tolerance(tolerance: Tolerance, name: str, classifies: bool) -> Tolerance:
+    """Top-1 and accuracy gate the classification output only; distances gate every output (with the
+    output's own ``parity.<stage>.outputs.<name>`` entry, when the recipe has one)."""
+    tolerance = tolerance.for_output(name)
     return tolerance if classifies else tolerance.model_copy(update={"top1_agreement": None, "accuracy_drop": None})
+
+
+def _unknown_outputs(tolerance: Tolerance, reference: GoldenReference) -> None:
+    """A per-output gate must name an output the model has (a typo would gate nothing)."""
+    for name in tolerance.outputs or {}:
+        if name not in reference.outputs:
+            raise BadInput(f"parity tolerance outputs.{name}: the model has no output '{name}'"
+                           f"{did_you_mean(name, list(reference.outputs))}; its outputs are {', '.join(reference.outputs)}")
 
 
 def _classifier(reference: GoldenReference) -> str | None:
     """The output top-1 and accuracy apply to: ``logits``, else the primary output when it is 2-D."""
     name = reference.primary
     return name if name == "logits" or reference.outputs[name].ndim == 2 else None
+
+
+def _image_input(reference: GoldenReference) -> np.ndarray | None:
+    """The parity samples' image input [N, C, H, W] (the first 4-D float input), for the task picture."""
+    for name in reference.input_names:
+        if reference.feeds[0][name].ndim == 4 and np.issubdtype(reference.feeds[0][name].dtype, np.floating):
+            return np.concatenate([f[name] for f in reference.feeds])
+    return None
 
 
 def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict[str, np.ndarray],
@@ -302,7 +330,7 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
                                 f"from the reference's {tuple(ref.shape)}")
             continue
         mask = unmasked.get(name) if isinstance(unmasked, Mapping) else (unmasked if name == primary else None)
-        cmp = compare(ref, out, _output_tolerance(tolerance, name == cls or not several),
+        cmp = compare(ref, out, _output_tolerance(tolerance, name, name == cls or not several),
                       labels=reference.labels if name == cls or not several else None, unmasked=mask)
         per[name] = cmp.metrics
         result.checks.extend(Check(f"{c.metric}{tag}", c.value, c.limit, c.op, c.passed) for c in cmp.checks)
@@ -311,6 +339,10 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
             result.sample_cosines = sample_cosines(ref, out)
     result.metrics = per[primary]
     result.output_metrics = per if several else None
+    result.task_metrics, checks, notes = task_checks(reference.meta.get("task"), reference.outputs, outs, tolerance,
+                                                     _image_input(reference), reference.meta.get("detect_scores", "softmax"))
+    result.checks.extend(checks)
+    result.notes.extend(notes)
     result.passed = all(c.passed for c in result.checks)
 
 
@@ -332,6 +364,8 @@ def check_stage(
     A model with several outputs has each gated: cosine and max_abs on every output, top-1 and
     accuracy on the classification output only (``logits``, else a 2-D primary output); its checks
     are named after the output (``cosine_min[pred_boxes]``) and the stage passes only when all hold.
+    The task the reference names (``reference.meta["task"]``) adds its metrics and gates
+    (:func:`~.tasks.task_checks`: ``map[logits,pred_boxes]``, ``miou``...).
 
     Args:
         stage: the stage name (a recipe stage, or any label).
@@ -347,8 +381,11 @@ def check_stage(
         locate_nonfinite: when an output holds NaN/Inf, find the first op/module producing it.
     Returns:
         The :class:`StageResult` (never raises on a parity failure; ``.failure()`` is the error to raise).
+    Raises:
+        BadInput: ``tolerance.outputs`` names an output the model does not have.
     """
     t0 = time.perf_counter()
+    _unknown_outputs(tolerance, reference)
     outs, per_batch, missing = _run(runner, reference.feeds, list(reference.outputs))
     result = StageResult(stage=stage, engine=runner.engine, changed=changed, tolerance=tolerance,
                          seconds=float(seconds), notes=list(notes),

@@ -57,7 +57,12 @@ class OpenVinoRunner(BaseRunner):
         if self.threads:
             config["INFERENCE_NUM_THREADS"] = self.threads
         core = _core()
-        self.compiled = core.compile_model(core.read_model(str(self.model)), "CPU", config)
+        read = core.read_model(str(self.model))
+        # the outputs' names as the file gives them: the CPU plugin may fuse an output with the op before
+        # it, and get_any_name() of the compiled port then answers the op's name ("/bbox_predictor/.../Add_output_0"
+        # for a YOLOS's pred_boxes), so the runner would lack the output the reference names
+        self._output_names = [port.get_any_name() for port in read.outputs]
+        self.compiled = core.compile_model(read, "CPU", config)
         self._request = self.compiled.create_infer_request()
 
     def deactivate_impl(self) -> None:
@@ -74,7 +79,7 @@ class OpenVinoRunner(BaseRunner):
     def infer_impl(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._request is not None and self.compiled is not None
         res = self._request.infer(feed)
-        outs = {port.get_any_name(): np.array(res[port]) for port in self.compiled.outputs}
+        outs = {name: np.array(res[port]) for name, port in zip(self._output_names, self.compiled.outputs)}
         return {"output": next(iter(outs.values()))} if len(outs) == 1 else outs
 
     def precisions(self) -> "RuntimePrecisions":

@@ -14,6 +14,7 @@ from .base import LoadedModel, OutputAdapter, Preprocess, built_input_size, pars
 from .head import HeadRequest
 from .hf_source import load_hf
 from .python_source import load_python
+from .task import infer_task, parse_task
 from .timm_source import load_timm
 from .torchvision_source import load_torchvision
 from .weights import load_state, load_weights, read_state_dict
@@ -28,6 +29,8 @@ __all__ = [
     "read_state_dict",
     "parse_input_shape",
     "built_input_size",
+    "infer_task",
+    "parse_task",
 ]
 
 SCHEMES = ("timm", "torchvision", "hf", "python")
@@ -177,6 +180,7 @@ def load_model(
     trust_pickle: bool = False,
     num_classes: int | None = None,
     outputs: Sequence[str] | str | None = None,
+    task: str | None = None,
 ) -> LoadedModel:
     """Build the model a URI names, load ``weights`` into it, and fix its example inputs.
 
@@ -195,6 +199,8 @@ def load_model(
             says which was built.
         outputs: keep only these of the model's tensor outputs (``'logits,pred_boxes'`` or a list);
             default every one. An unknown name is BadInput at the first forward (preflight).
+        task: what the outputs mean (``classify|detect|segment|depth|embed``); None: read from
+            what the source built (:func:`~vitexport.sources.task.infer_task`).
     Returns:
         A :class:`LoadedModel` in eval mode.
     Raises:
@@ -207,6 +213,7 @@ def load_model(
     scheme, sep, rest = uri.partition(":")
     if not sep or scheme not in SCHEMES or not rest:
         raise BadInput(f"model URI '{uri}': expected one of {', '.join(s + ':...' for s in SCHEMES)}")
+    given = parse_task(task) if task is not None else None
     shape = parse_input_shape(input_shape) if isinstance(input_shape, str) or input_shape is None else tuple(input_shape)
     state = read_state_dict(weights, trust_pickle) if weights is not None else None
     model, spec, keyword, name, preprocess, meta, vocab = _build(scheme, rest, shape, batch_size,
@@ -220,8 +227,10 @@ def load_model(
     else:
         inputs = _materialise(model, spec, shape is not None, keyword, vocab)
     model.eval()
+    found, why = infer_task(model, scheme)
     adapter = OutputAdapter(model, list(inputs), keyword=keyword, outputs=_output_list(outputs)).eval()
-    loaded = LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta)
+    loaded = LoadedModel(adapter, inputs, slugify(name), scheme, uri, preprocess, meta,
+                         task=given or found, task_source="--task" if given else why)
     takes = meta.get("input_size")
     if shape is not None and (takes is None or tuple(shape[1:]) != tuple(takes)):
         # a shape the model was not built for: one real forward now, so that a model refusing it

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..runners.torch_runner import SINGLE_OUTPUT, tensor_outputs
 from ..errors import BadInput, did_you_mean
+from ..recipe import Task
 
 __all__ = ["Preprocess", "LoadedModel", "OutputAdapter", "parse_input_shape", "slugify", "seeded", "BUILD_SEED", "built_input_size"]
 
@@ -97,6 +98,8 @@ class LoadedModel:
         name: a slug used for the default output folder.
         family: ``timm`` | ``torchvision`` | ``hf`` | ``python``.
         preprocess: image preprocessing, when the source knows it.
+        task: what the outputs mean (parity's task metrics); ``task_source`` says who decided it,
+            ``task_options`` how its outputs read (filled in by ``vitexport.api.prepare``).
     """
 
     module: OutputAdapter
@@ -106,6 +109,10 @@ class LoadedModel:
     uri: str
     preprocess: Preprocess | None = None
     meta: dict = field(default_factory=dict)
+    task: Task = Task.classify
+    task_source: str = ""
+    #: how the task's outputs read (``{"detect_scores": "sigmoid"}``: a detector without a no-object class)
+    task_options: dict = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:

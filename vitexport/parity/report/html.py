@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from .common import (GATE_COLUMNS, _STAGE_COLUMNS, _budget_text, _headline, _layer_header, _layer_others, _layer_row,
                      DATA_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts, overview, terms)
 from .plots import plot_error_histograms, plot_layer_snr, plot_sample_cosines, plot_stage_errors
+from .task import plot_task, task_section
 
 __all__ = ["render_html"]
 
@@ -122,6 +123,19 @@ def _data_check(data: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+def _task(data: Mapping[str, Any], plots: bool) -> list[str]:
+    """The task's metrics per stage and its picture (boxes, maps, depth error); nothing for a classifier."""
+    sec = task_section(data)
+    if sec is None:
+        return []
+    e = html.escape
+    parts = [f"<h2>{e(sec.title)}</h2>", "<ul>" + "".join(f"<li>{e(line)}</li>" for line in sec.lines) + "</ul>",
+             _html_table(sec.header, sec.rows, ["" if r[-1] == "PASS" else "bad" for r in sec.rows])]
+    if plots:
+        parts.append(_img(plot_task(data), f"{sec.title}: FP32 against the gated stage"))
+    return parts
+
+
 def render_html(data: Mapping[str, Any], *, plots: bool = True) -> str:
     """``parity.html``: self-contained (inline CSS, base64 PNG plots), the summary on the first screen."""
     e = html.escape
@@ -135,6 +149,7 @@ def render_html(data: Mapping[str, Any], *, plots: bool = True) -> str:
         parts.append(f"<p class='FAIL'>WARNING: the parity gate is vacuous. {e(str(data['vacuous_gate']))}</p>")
     parts.append(f"<p><b>{e(_headline(data, code=str, text=str))}</b></p>")
     parts += _summary(data, plots)
+    parts += _task(data, plots)
     stages = data.get("stages", [])
     parts.append("<h2>Stages</h2>")
     parts.append(_html_table([c for c, _ in _STAGE_COLUMNS], [_stage_row(s) for s in stages],

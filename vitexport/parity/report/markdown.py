@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from .common import (GATE_COLUMNS, _STAGE_COLUMNS, _budget_text, _headline, _layer_header, _layer_others, _layer_row,
                      DATA_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts, md_code, md_text, overview,
                      terms)
+from .task import task_section
 
 __all__ = ["render_markdown"]
 
@@ -56,6 +57,15 @@ def _data_check(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _task(data: Mapping[str, Any]) -> list[str]:
+    """The task's metrics per stage (a detector's mAP...); nothing for a classifier."""
+    sec = task_section(data)
+    if sec is None:
+        return []
+    return [f"## {md_text(sec.title)}", ""] + [f"- {md_text(line)}" for line in sec.lines] + [
+        "", _md_table(sec.header, sec.rows), ""]
+
+
 def render_markdown(data: Mapping[str, Any]) -> str:
     """``parity.md``: readable in a terminal or a merge request."""
     lines = [f"# Parity report: {_verdict(data.get('passed', True))}", ""]
@@ -66,6 +76,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     lines += [f"- **{k}**: {md_code(v)}" for k, v in meta]
     lines += ["", f"**{_headline(data)}**", ""]
     lines += _summary(data)
+    lines += _task(data)
     lines += ["## Stages", ""]
     lines.append(_md_table([c for c, _ in _STAGE_COLUMNS], [_stage_row(s) for s in data.get("stages", [])]))
     for s in data.get("stages", []):

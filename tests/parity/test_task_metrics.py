@@ -1,0 +1,245 @@
+"""Task metrics on arrays whose answer is known, and the task gates they feed (issue 29, item 3)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vitexport.errors import BadInput
+from vitexport.parity import check_stage
+from vitexport.parity.advice import failure_advice
+from vitexport.parity.reference import GoldenReference
+from vitexport.parity.tasks import (coco_map, depth_metrics, detection_metrics, embedding_metrics, segmentation_metrics,
+                                    task_checks, task_outputs)
+from vitexport.recipe import Int8Tolerance, Recipe, Tolerance
+from vitexport.runners.base import BaseRunner, InputSpec
+
+pytest.importorskip("pycocotools")
+
+
+def _detector_outputs(n: int = 3, q: int = 6, c: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Logits [n, q, c+1] where the first 3 queries of each sample are confident (class q % c, score ~0.99)
+    and the rest say "no object"; boxes [n, q, 4] (cx, cy, w, h) well apart."""
+    rng = np.random.default_rng(seed)
+    logits = np.full((n, q, c + 1), -4.0)
+    logits[:, :, -1] = 4.0  # no object
+    for i in range(n):
+        for j in range(3):
+            logits[i, j, -1] = -4.0
+            logits[i, j, (i + j) % c] = 5.0
+    centres = np.stack([np.linspace(0.15, 0.85, q), np.linspace(0.2, 0.8, q)], -1)
+    boxes = np.concatenate([np.broadcast_to(centres, (n, q, 2)), np.full((n, q, 2), 0.1)], -1)
+    return logits + 0.01 * rng.standard_normal(logits.shape), boxes.copy()
+
+
+def test_identical_detections_score_map_one():
+    logits, boxes = _detector_outputs()
+    m = detection_metrics(logits, boxes, logits, boxes)
+    assert m.map == pytest.approx(1.0) and m.ap50 == pytest.approx(1.0)
+    assert m.detections == 9 and m.matched == 9
+    assert m.box_iou_mean == pytest.approx(1.0) and m.class_agreement == 1.0 and m.score_mae == pytest.approx(0.0)
+
+
+def test_sigmoid_scored_detections_have_no_no_object_class():
+    logits, boxes = _detector_outputs()
+    sig = logits[..., :-1]  # RT-DETR's layout: one logit per class, each scored by a sigmoid
+    m = detection_metrics(sig, boxes, sig, boxes, scores="sigmoid")
+    assert m.detections == 9 and m.map == pytest.approx(1.0)
+    assert detection_metrics(sig, boxes, sig, boxes).detections < 9  # read as softmax, class 3 would be "no object"
+
+
+def test_one_shifted_box_lowers_map_and_iou():
+    logits, boxes = _detector_outputs()
+    moved = boxes.copy()
+    moved[0, 0, 0] += 0.03  # a 0.1-wide box moved by 30 % of its width: IoU 0.54, a miss at IoU >= 0.55
+    m = detection_metrics(logits, boxes, logits, moved)
+    assert m.map < 1.0 and m.ap50 == pytest.approx(1.0)  # still a hit at IoU 0.5
+    assert m.box_iou_min == pytest.approx(0.07 / 0.13, rel=1e-6)
+    assert m.box_iou_mean == pytest.approx((8 + 0.07 / 0.13) / 9, rel=1e-6)
+    gone = boxes.copy()
+    gone[0, 0, :2] = (0.95, 0.95)  # moved onto empty image: a lost detection and a false positive
+    worse = detection_metrics(logits, boxes, logits, gone)
+    assert worse.ap50 < 1.0 and worse.matched == 8
+
+
+def test_a_flipped_class_counts_against_agreement_and_map():
+    logits, boxes = _detector_outputs()
+    flipped = logits.copy()
+    flipped[1, 2, [(1 + 2) % 4, 0]] = flipped[1, 2, [0, (1 + 2) % 4]]
+    m = detection_metrics(logits, boxes, flipped, boxes)
+    assert m.class_agreement == pytest.approx(8 / 9) and m.map < 1.0
+
+
+def test_coco_map_needs_ground_truth():
+    assert coco_map([(np.zeros(0, int), np.zeros((0, 4)))], [(np.ones(1), np.zeros(1, int), np.ones((1, 4)))], 2) is None
+    logits, boxes = _detector_outputs()
+    m = detection_metrics(logits * 0, boxes, logits, boxes)  # a flat reference: no query is confident
+    assert m.map is None and "no reference query scored" in m.note
+
+
+def test_segment_maps_with_k_flipped_pixels():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 3, 8, 8))
+    labels = ref.argmax(1)
+    out = ref.copy()
+    flips = [(0, 1, 1), (0, 2, 5), (1, 7, 7), (1, 3, 0)]
+    for b, y, x in flips:  # make another class win at k = 4 pixels
+        out[b, (labels[b, y, x] + 1) % 3, y, x] = ref[b, :, y, x].max() + 1.0
+    m = segmentation_metrics(ref, out)
+    assert m.pixel_agreement == pytest.approx(1 - 4 / 128)
+    assert segmentation_metrics(ref, ref).miou == 1.0
+    conf = np.zeros((3, 3))
+    for r, o in zip(labels.ravel(), out.argmax(1).ravel()):
+        conf[r, o] += 1
+    iou = np.diag(conf) / (conf.sum(0) + conf.sum(1) - np.diag(conf))
+    assert m.miou == pytest.approx(iou.mean()) and m.classes == 3
+
+
+def test_segment_flips_on_near_ties_are_excused_as_top1_flips_are():
+    ref = np.zeros((1, 2, 16, 16))
+    ref[0, 0] = 1.0  # class 0 everywhere, by a margin of 1 ...
+    ref[0, 1, 0, 0] = 0.999  # ... except one pixel where class 1 nearly ties
+    out = ref.copy()
+    out[0, 1, 0, 0] = 1.001  # the near tie flips
+    out += 0.001 * np.random.default_rng(0).standard_normal(out.shape)  # the error that explains it
+    m = segmentation_metrics(ref, out, z=3.0)
+    assert m.pixel_agreement == pytest.approx(255 / 256) and m.pixel_agreement_gated == 1.0 and m.miou_gated == 1.0
+    assert m.near_ties == pytest.approx(1 / 256)
+    out[0, 1, 3, 3] = 1.5  # a flip where FP32 was sure (margin 1, far above 3·√2·σ, σ ~0.07): it counts
+    m = segmentation_metrics(ref, out, z=3.0)
+    assert m.pixel_agreement_gated == pytest.approx(255 / 256) and m.miou_gated < 1.0
+
+
+def test_depth_absrel_and_delta1():
+    ref = np.full((2, 4, 4), 2.0)
+    out = ref.copy()
+    out[0, 0, 0] = 3.0  # 50 % off: outside δ < 1.25
+    out[1] *= 1.01
+    m = depth_metrics(ref, out)
+    assert m.abs_rel == pytest.approx((0.5 + 16 * 0.01) / 32)
+    assert m.delta1 == pytest.approx(31 / 32)
+
+
+def test_embedding_recall_at_k():
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((10, 16))
+    assert embedding_metrics(emb, emb * 3.0).recall_at_k == 1.0  # scale does not change neighbours
+    m = embedding_metrics(emb, rng.standard_normal((10, 16)), k=3)
+    assert m.k == 3 and m.recall_at_k < 0.8
+
+
+def test_task_outputs_by_name_then_shape():
+    assert task_outputs("detect", {"logits": (1, 5, 4), "pred_boxes": (1, 5, 4)}) == ["logits", "pred_boxes"]
+    assert task_outputs("segment", {"output": (1, 5, 8, 8)}) == ["output"]
+    assert task_outputs("embed", {"last_hidden_state": (1, 5, 8), "pooler_output": (1, 8)}) == ["pooler_output"]
+    with pytest.raises(ValueError, match="detect needs"):
+        task_outputs("detect", {"output": (1, 10)})
+
+
+class _Fixed(BaseRunner):
+    engine = "fixed"
+
+    def __init__(self, outs):
+        super().__init__()
+        self.outs = outs
+
+    def activate_impl(self):
+        pass
+
+    def deactivate_impl(self):
+        pass
+
+    def input_specs_impl(self):
+        n = next(iter(self.outs.values())).shape[0] if self.outs else 3
+        return [InputSpec("x", (n, 2), np.dtype(np.float32))]
+
+    def infer_impl(self, feed):
+        return self.outs
+
+
+def _ref(outputs: dict, task: str) -> GoldenReference:
+    n = next(iter(outputs.values())).shape[0]
+    ref = GoldenReference(outputs, [{"x": np.zeros((n, 2), np.float32)}])
+    ref.meta["task"] = task
+    return ref
+
+
+def test_a_detector_stage_is_gated_on_map_and_fails_naming_it():
+    logits, boxes = _detector_outputs()
+    ref = _ref({"logits": logits, "pred_boxes": boxes}, "detect")
+    good = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": boxes}), ref, Int8Tolerance())
+    assert good.passed and good.task_metrics.map == pytest.approx(1.0)
+    assert [c.metric for c in good.checks][-1] == "map[logits,pred_boxes]"
+    moved = boxes.copy()
+    moved[:, :3, 0] += 0.012  # every detection moved by 12 % of its width: IoU ~0.79, cosine still ~0.999
+    bad = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": moved}), ref, Int8Tolerance())
+    assert not bad.passed and bad.failed_check.metric == "map[logits,pred_boxes]"
+    assert bad.checks[0].passed  # the outputs' cosine held: only the task gate saw it
+    advice = failure_advice("quantize_int8", bad.failed_check, Recipe(name="r", target="cpu"), calib_samples=8)
+    assert "parity.quantize_int8.map_min=" in advice
+    # the float stages report the metric ungated; a recipe may loosen the INT8 one
+    assert not any(c.metric.startswith("map") for c in check_stage("simplify", _Fixed({"logits": logits, "pred_boxes": moved}),
+                                                                     ref, Tolerance(max_abs=1.0)).checks)
+    loose = Int8Tolerance(map_min=bad.task_metrics.map)
+    assert check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": moved}), ref, loose).passed
+    back = type(bad).from_dict(bad.to_dict())  # parity.json read back
+    assert back.task_metrics.map == bad.task_metrics.map
+
+
+def test_a_segmenter_single_output_names_its_checks_plainly():
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((3, 4, 6, 6))
+    res = check_stage("quantize_int8", _Fixed({"output": ref}), _ref({"output": ref}, "segment"), Int8Tolerance())
+    assert [c.metric for c in res.checks] == ["cosine_min", "miou_gated", "pixel_agreement_gated"]
+    assert res.passed and "top1_agreement_gated" not in [c.metric for c in res.checks]
+
+
+def test_a_classifier_stage_reads_as_before():
+    ref = _ref({"output": np.array([[1.0, 2.0], [2.0, 1.0], [0.0, 3.0]])}, "classify")
+    d = check_stage("quantize_int8", _Fixed({"output": ref.output}), ref, Int8Tolerance()).to_dict()
+    assert "task_metrics" not in d and [c["metric"] for c in d["checks"]] == ["cosine_min", "top1_agreement_gated"]
+    assert not any(k.endswith(("_min", "_max")) and k not in ("cosine_min",) for k in d["tolerance"])
+
+
+def test_per_output_cosine_gate_and_an_unknown_output_is_bad_input():
+    logits, boxes = _detector_outputs()
+    ref = _ref({"logits": logits, "pred_boxes": boxes}, "detect")
+    noisy = boxes + 0.02 * np.random.default_rng(0).standard_normal(boxes.shape)
+    tol = Int8Tolerance(cosine_min=0.9999, map_min=0.0, outputs={"pred_boxes": {"cosine_min": 0.9}})
+    res = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": noisy}), ref, tol)
+    limits = {c.metric: c.limit for c in res.checks}
+    assert limits["cosine_min[pred_boxes]"] == 0.9 and limits["cosine_min[logits]"] == 0.9999
+    with pytest.raises(BadInput, match="no output 'boxes'; did you mean 'pred_boxes'"):
+        check_stage("quantize_int8", _Fixed({}), ref, Int8Tolerance(outputs={"boxes": {"cosine_min": 0.9}}))
+
+
+def test_task_checks_say_why_nothing_was_measured():
+    m, checks, notes = task_checks("detect", {"output": np.zeros((2, 10))}, {"output": np.zeros((2, 10))}, Int8Tolerance())
+    assert m is None and not checks and "detect needs" in notes[0]
+
+
+def test_an_embedder_reports_recall_at_k_ungated_by_default():
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((10, 16))
+    hidden = rng.standard_normal((10, 4, 16))
+    ref = _ref({"last_hidden_state": hidden, "pooler_output": emb}, "embed")
+    res = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb}), ref, Int8Tolerance())
+    assert res.task_metrics.outputs == ["pooler_output"] and res.task_metrics.recall_at_k == 1.0
+    assert res.task_metrics.k == 5
+    assert not any(c.metric.startswith("recall") for c in res.checks)  # null: reported, not gated
+    gated = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb[::-1].copy()}), ref,
+                        Int8Tolerance(recall_at_k_min=0.9, cosine_min=-1.0))
+    assert gated.failed_check.metric == "recall_at_k[pooler_output]"
+
+
+def test_a_classifier_report_has_no_task_section_and_a_detector_one_has():
+    from vitexport.parity.report import render_markdown
+
+    base = {"passed": True, "stages": [{"stage": "quantize_int8", "engine": "onnxruntime", "passed": True,
+                                        "metrics": {"cosine_min": 0.99}, "checks": []}]}
+    assert "Task" not in render_markdown({**base, "task": "classify"})
+    logits, boxes = _detector_outputs()
+    stage = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": boxes}),
+                        _ref({"logits": logits, "pred_boxes": boxes}, "detect"), Int8Tolerance()).to_dict()
+    md = render_markdown({"passed": True, "task": "detect", "task_source": "--task", "stages": [stage]})
+    assert "## Task: detect" in md and "task: detect (from --task)" in md and "| quantize\\_int8 |" not in md
+    assert "| quantize_int8 | fixed | 1 | 1 |" in md  # mAP and AP50 of identical detections
