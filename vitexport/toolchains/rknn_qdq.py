@@ -42,7 +42,8 @@ from ..graph.query import const_array, quantized_linears, static_shape
 from .rknn_graph import MAX_QDQ_PATCH, infer_shapes, new_initializer, patch_convs, patch_size, producer
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "MoveScoreScales",
-           "score_matmuls", "OutputQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
+           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "conv_outputs_to_measure",
+           "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
 _SCORE_PATH = ("Mul", "Div", "Add", "Where", "Reshape", "Transpose")
@@ -428,6 +429,89 @@ class OutputQdq(GraphPass):
                 node.replace_input_with(idx, nodes[-1].outputs[0])
             if v.is_graph_output():
                 report.skipped[name] = "a graph output: its readers only were re-pointed"
+            report.changed += 1
+
+
+#: activations RKNN fuses into the Conv before it and runs in INT8 with the Conv: their output takes the
+#: Conv's output Q/DQ (HardSwish, Sigmoid, SiLU, GELU fuse too, but then run the pair in float16)
+FUSED_ACTIVATIONS = ("Relu", "Clip")
+
+
+def quantized_convs(model: ir.Model) -> list[ir.Node]:
+    """Convs whose activation and constant weight both come through DequantizeLinear."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None:
+            continue
+        w_dq = producer(node.inputs[1], "DequantizeLinear")
+        if w_dq is not None and const_array(w_dq.inputs[0]) is not None:
+            out.append(node)
+    return out
+
+
+def conv_output(conv: ir.Node) -> ir.Value:
+    """The tensor whose Q/DQ makes RKNN run ``conv`` in INT8: the output of a Relu/Clip it alone feeds
+    (fused into ``ConvRelu``/``ConvClip``), else the Conv's own output (an activation RKNN would fuse in
+    float16 then reads the DQ and runs on its own in float16)."""
+    out = conv.outputs[0]
+    uses = list(out.uses())
+    if len(uses) == 1 and uses[0][0].op_type in FUSED_ACTIVATIONS and not out.is_graph_output():
+        return uses[0][0].outputs[0]
+    return out
+
+
+def conv_outputs_to_measure(model: ir.Model) -> list[str]:
+    """The :func:`conv_output` of each quantized Conv that no QuantizeLinear reads yet: the tensors
+    :class:`ConvOutputsQdq` adds a Q/DQ pair to, whose ranges it needs."""
+    names = []
+    for conv in quantized_convs(model):
+        v = conv_output(conv)
+        if not any(u.op_type == "QuantizeLinear" for u, _ in v.uses()) and v.name not in names:
+            names.append(v.name)
+    return names
+
+
+class ConvOutputsQdq(GraphPass):
+    """Each quantized Conv's output (after a Relu/Clip RKNN fuses into it, :func:`conv_output`) Q/DQ'd,
+    so that RKNN runs the Conv in INT8 (module docstring). Where a QuantizeLinear already reads that
+    tensor (the next op's input), its DequantizeLinear feeds the tensor's other readers too (a residual
+    Add, a Concat): RKNN then reads one int8 tensor; otherwise a new pair is added for the range measured
+    on calibration data.
+
+    Args:
+        ranges: tensor name → (lo, hi), from :func:`~.rknn_graph.output_ranges` on
+            :func:`conv_outputs_to_measure`. A tensor without one is skipped (ConvsInFloat then strips its Conv).
+        zp_dtype: the zero-point type of the file's activations.
+    """
+
+    name = "rknn_conv_outputs_qdq"
+
+    def __init__(self, ranges: Mapping[str, tuple[float, float]], zp_dtype: np.dtype = np.dtype(np.uint8)):
+        super().__init__()
+        self.ranges, self.zp_dtype = ranges, np.dtype(zp_dtype)
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for conv in quantized_convs(model):
+            v = conv_output(conv)
+            uses = list(v.uses())
+            qs = [u for u, _ in uses if u.op_type == "QuantizeLinear"]
+            if uses and len(qs) == len(uses):
+                continue  # already in the INT8 layout
+            dq = next((d for q in qs for d, _ in q.outputs[0].uses() if d.op_type == "DequantizeLinear"), None)
+            if dq is not None:
+                for node, idx in uses:
+                    if node.op_type != "QuantizeLinear":
+                        node.replace_input_with(idx, dq.outputs[0])
+            elif v.name in self.ranges:
+                lo, hi = self.ranges[v.name]
+                nodes = _range_qdq(model, v, lo, hi, self.zp_dtype, f"{conv.name or v.name}_int8_out")
+                model.graph.insert_after(v.producer(), nodes)
+                nodes[-1].outputs[0].shape, nodes[-1].outputs[0].dtype = v.shape, v.dtype
+                _replace(v, nodes[-1].outputs[0])
+                nodes[0].replace_input_with(0, v)  # _replace re-pointed the new Q too
+            else:
+                report.skipped[conv.name] = "no output range"
+                continue
             report.changed += 1
 
 

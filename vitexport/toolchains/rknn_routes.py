@@ -23,7 +23,10 @@ from .rknn import RknnQuantization
 from .rknn_graph import (
     CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards,
 )
-from .rknn_qdq import BatchedProbsInFloat, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, score_matmuls
+from .rknn_qdq import (
+    BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
+    conv_outputs_to_measure, linear_sites, score_matmuls,
+)
 
 __all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "vitexport_ranges", "route_quantization"]
 
@@ -66,9 +69,11 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     # a Q/DQ right before Softmax crashes RKNN: scores still read by it directly stay float16
     scores = [m.outputs[0].name for m in score_matmuls(model) if next(iter(m.outputs[0].uses()))[0].op_type != "Softmax"]
     names = [s.output.name for s in linear_sites(model)] + [c.outputs[0].name for c in patch_convs(model)] + scores
+    names = list(dict.fromkeys(names + conv_outputs_to_measure(model)))
     ranges = output_ranges(model, feeds, names) if feeds is not None else {n: (-1.0, 1.0) for n in names}
-    later = _apply(model, [PatchConvsInInt8(ranges), ConvsInFloat(), LinearsAsConv(ranges),
-                           OutputQdq({k: ranges[k] for k in scores}, activation_zp_dtype(model))])
+    zp = activation_zp_dtype(model)
+    later = _apply(model, [PatchConvsInInt8(ranges), ConvOutputsQdq(ranges, zp), ConvsInFloat(), LinearsAsConv(ranges),
+                           OutputQdq({k: ranges[k] for k in scores}, zp)])
     later["skipped"].update(report["skipped"])
     model.metadata_props[LAYOUT_KEY] = "qdq"  # a laid-out file is not laid out twice (layout_hazards)
     return {**report, **later}
