@@ -29,7 +29,8 @@ from ..runners.sessions import Session, SessionConfig
 
 __all__ = ["FullShapeMasks", "CollapseTransposes", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
-           "patch_convs", "patch_size", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH"]
+           "patch_convs", "patch_size", "conv_stride", "strided_convs", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
+           "MAX_QDQ_STRIDE"]
 
 #: what RKNN writes for a fill below −3e38 ("corrected to -10000"); exp(−10000 − max) is 0 in FP32 and
 #: FP16 alike, and −10000 is exact in FP16 (largest finite 65504)
@@ -40,6 +41,9 @@ MAX_TRANSPOSE_RANK = 4
 #: the largest p of a p x p stride-p Q/DQ Conv RKNN 2.5.0 compiles in INT8 (4x4 runs ``Conv INT8``; 16x16
 #: crashes in ``RKNNWeightTransposePass`` or is refused: ``KeyError: 'x_dq_conv'``)
 MAX_QDQ_PATCH = 4
+#: the largest stride of a Q/DQ Conv RKNN 2.5.0 compiles: any kernel at stride 8 (3x3, 8x8, PiT's 16x16)
+#: crashes it (SIGSEGV in ``RKNNWeightTransposePass``); strides 2 to 7 run ``Conv INT8`` (16x16/4, 7x7/7, 8x8/7)
+MAX_QDQ_STRIDE = 7
 
 
 def new_initializer(model: ir.Model, name: str, arr: np.ndarray) -> ir.Value:
@@ -191,10 +195,26 @@ def patch_size(node: ir.Node) -> int | None:
     return p
 
 
+def _qdq_conv(n: ir.Node) -> bool:
+    return (n.op_type == "Conv" and producer(n.inputs[0], "DequantizeLinear") is not None
+            and producer(n.inputs[1], "DequantizeLinear") is not None)
+
+
 def patch_convs(model: ir.Model) -> list[ir.Node]:
     """Q/DQ'd patch-embedding Convs (activation and weight through DequantizeLinear)."""
-    return [n for n in model.graph if patch_size(n) and producer(n.inputs[0], "DequantizeLinear") is not None
-            and producer(n.inputs[1], "DequantizeLinear") is not None]
+    return [n for n in model.graph if patch_size(n) and _qdq_conv(n)]
+
+
+def conv_stride(node: ir.Node) -> int:
+    """The largest stride of a Conv (1 when it has none)."""
+    a = node.attributes.get("strides")
+    return max(a.as_ints()) if a is not None else 1
+
+
+def strided_convs(model: ir.Model) -> list[ir.Node]:
+    """Q/DQ'd Convs other than patch embeddings with a stride above :data:`MAX_QDQ_STRIDE` (PiT's 16x16
+    stride-8 patch conv), which RKNN crashes on."""
+    return [n for n in model.graph if _qdq_conv(n) and not patch_size(n) and conv_stride(n) > MAX_QDQ_STRIDE]
 
 
 @dataclass(frozen=True)
@@ -211,7 +231,7 @@ class Hazard:
 
 
 #: the rule ids :func:`rknn_hazards` reports
-HAZARD_RULES = ("rknn.where_broadcast", "rknn.gemm_qdq", "rknn.softmax_qdq", "rknn.patch_conv")
+HAZARD_RULES = ("rknn.where_broadcast", "rknn.gemm_qdq", "rknn.softmax_qdq", "rknn.patch_conv", "rknn.conv_stride")
 
 
 def _where_hazard(node: ir.Node) -> Hazard | None:
@@ -238,6 +258,10 @@ def _node_hazard(node: ir.Node) -> Hazard | None:
         return Hazard("rknn.patch_conv", node, f"{p}x{p} stride-{p} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
                       "(RKNNWeightTransposePass) or refuses it (KeyError '<input>_conv')",
                       f"split it into convs of at most {MAX_QDQ_PATCH}x{MAX_QDQ_PATCH}")
+    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE and producer(node.inputs[0], "DequantizeLinear"):
+        return Hazard("rknn.conv_stride", node, f"stride-{conv_stride(node)} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
+                      "(SIGSEGV in RKNNWeightTransposePass) at any stride above 7",
+                      "split a space-to-depth step off it (kernel and stride divisible by 2, 3 or 4), or leave it float")
     return None
 
 

@@ -39,9 +39,11 @@ import onnx_ir.passes.common as ir_common
 
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, quantized_linears, static_shape
-from .rknn_graph import MAX_QDQ_PATCH, infer_shapes, new_initializer, patch_convs, patch_size, producer
+from .rknn_graph import (
+    MAX_QDQ_PATCH, MAX_QDQ_STRIDE, conv_stride, infer_shapes, new_initializer, patch_convs, patch_size, producer, strided_convs,
+)
 
-__all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "MoveScoreScales",
+__all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
            "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "conv_outputs_to_measure",
            "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
@@ -233,9 +235,30 @@ def patch_split(p: int) -> int | None:
     return next((f for f in range(MAX_QDQ_PATCH, 1, -1) if p % f == 0 and p // f <= MAX_QDQ_PATCH), None)
 
 
+def stride_split(conv: ir.Node) -> int | None:
+    """The space-to-depth factor f (at most :data:`~.rknn_graph.MAX_QDQ_PATCH`) that leaves a k x k
+    stride-s Conv as an f x f one-hot conv and a k/f x k/f stride-s/f one RKNN compiles (s/f ≤
+    :data:`~.rknn_graph.MAX_QDQ_STRIDE`): f divides the kernel, the stride, the pads and the input's
+    height and width. None when no f does."""
+    w = const_array(conv.inputs[1].producer().inputs[0])
+    shape = static_shape(conv.inputs[0])
+    a = {k: list(v.as_ints()) for k, v in conv.attributes.items() if k in ("strides", "pads", "dilations")}
+    group = conv.attributes["group"].as_int() if conv.attributes.get("group") is not None else 1
+    strides, pads = a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
+    if (w is None or w.ndim != 4 or shape is None or len(shape) != 4 or group != 1 or any(d != 1 for d in a.get("dilations", [1]))
+            or len(set(strides)) != 1 or w.shape[2] != w.shape[3]):
+        return None
+    k, st = int(w.shape[2]), strides[0]
+    return next((f for f in range(MAX_QDQ_PATCH, 1, -1)
+                 if k % f == 0 and st % f == 0 and st // f <= MAX_QDQ_STRIDE and not any(p % f for p in pads)
+                 and shape[2] % f == 0 and shape[3] % f == 0), None)
+
+
 class PatchConvsInInt8(GraphPass):
     """Each Q/DQ'd patch-embedding Conv in a form RKNN runs in INT8 (see the module docstring): its
-    output Q/DQ'd (p ≤ 4), split into two ≤ 4x4 convs (p ≤ 16), else patches-to-channels + a 1x1 conv.
+    output Q/DQ'd (p ≤ 4), split into two ≤ 4x4 convs (p ≤ 16), else patches-to-channels + a 1x1 conv;
+    a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE` (PiT's 16x16 stride 8) split the same
+    way (:func:`stride_split`), else left for ConvsInFloat with the reason.
 
     Args:
         ranges: Conv output tensor → (lo, hi), from :func:`~.rknn_graph.output_ranges`.
@@ -248,19 +271,24 @@ class PatchConvsInInt8(GraphPass):
         self.ranges = ranges
 
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
-        for conv in patch_convs(model):
+        for conv in patch_convs(model) + strided_convs(model):
             q = producer(conv.inputs[0].producer().inputs[0], "QuantizeLinear")
             if q is None or conv.outputs[0].name not in self.ranges:
                 report.skipped[conv.name] = "no QuantizeLinear before it" if q is None else "no output range"
                 continue
             p = patch_size(conv)
-            f = patch_split(p)
-            if p <= MAX_QDQ_PATCH:
+            f = patch_split(p) if p else stride_split(conv)
+            if p and p <= MAX_QDQ_PATCH:
                 self._output_qdq(model, conv, q)
             elif f is not None:
                 self._split(model, conv, q, f)
-            else:
+            elif p:
                 self._as_1x1(model, conv, q)
+            else:
+                report.skipped[conv.name] = (f"stride {conv_stride(conv)}: RKNN 2.5.0 crashes on a Q/DQ Conv of stride above "
+                                             f"{MAX_QDQ_STRIDE} and no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides "
+                                             "its kernel, stride, pads and input: left in float16")
+                continue
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
 
@@ -283,10 +311,12 @@ class PatchConvsInInt8(GraphPass):
             node.replace_input_with(idx, nodes[-1].outputs[0])
 
     def _split(self, model: ir.Model, conv: ir.Node, q: ir.Node, f: int) -> None:
-        """conv p x p / p = (one-hot f x f / f: channel c·f²+i·f+j) then (p/f x p/f / p/f)."""
+        """conv k x k / s = (one-hot f x f / f: channel c·f²+i·f+j) then (k/f x k/f / s/f, pads / f)."""
         wq, ws, wz = (const_array(v) for v in conv.inputs[1].producer().inputs[:3])
         cout, cin, p = wq.shape[0], wq.shape[1], wq.shape[2]
         k = p // f
+        stride = conv_stride(conv) // f
+        pads = [x // f for x in conv.attributes["pads"].as_ints()] if conv.attributes.get("pads") is not None else [0] * 4
         onehot = np.zeros((cin * f * f, cin, f, f), wq.dtype)
         w2 = np.zeros((cout, cin * f * f, k, k), wq.dtype)
         for c in range(cin):
@@ -302,7 +332,7 @@ class PatchConvsInInt8(GraphPass):
         nodes = [s2d_w, s2d, *_qdq(s2d.outputs[0], q.inputs[1], q.inputs[2], f"{name}_s2d_out")]
         w = _per_channel(model, w2, ws, wz, f"{name}_patch")
         new = ir.node("Conv", [nodes[-1].outputs[0], w.outputs[0], *conv.inputs[2:]],
-                      attributes={"kernel_shape": [k, k], "strides": [k, k]}, name=f"{name}_patch")
+                      attributes={"kernel_shape": [k, k], "strides": [stride, stride], "pads": pads}, name=f"{name}_patch")
         self._finish(model, conv, new, [*nodes, w, new], q.inputs[2])
 
     def _as_1x1(self, model: ir.Model, conv: ir.Node, q: ir.Node) -> None:

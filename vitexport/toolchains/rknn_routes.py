@@ -21,7 +21,7 @@ from ..graph.files import load_model, save_model
 from ..graph.passes import GraphPass
 from .rknn import RknnQuantization
 from .rknn_graph import (
-    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards,
+    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards, strided_convs,
 )
 from .rknn_qdq import (
     BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
@@ -68,7 +68,7 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     report = {**_float_forms(model), **_apply(model, [MoveScoreScales(), BatchedProbsInFloat()])}
     # a Q/DQ right before Softmax crashes RKNN: scores still read by it directly stay float16
     scores = [m.outputs[0].name for m in score_matmuls(model) if next(iter(m.outputs[0].uses()))[0].op_type != "Softmax"]
-    names = [s.output.name for s in linear_sites(model)] + [c.outputs[0].name for c in patch_convs(model)] + scores
+    names = [s.output.name for s in linear_sites(model)] + [c.outputs[0].name for c in patch_convs(model) + strided_convs(model)] + scores
     names = list(dict.fromkeys(names + conv_outputs_to_measure(model)))
     ranges = output_ranges(model, feeds, names) if feeds is not None else {n: (-1.0, 1.0) for n in names}
     zp = activation_zp_dtype(model)
