@@ -27,7 +27,7 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, static_shape
 from ..runners.sessions import Session, SessionConfig
 
-__all__ = ["FullShapeMasks", "CollapseTransposes", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
+__all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
            "patch_convs", "patch_size", "conv_stride", "strided_convs", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
            "MAX_QDQ_STRIDE"]
@@ -123,6 +123,51 @@ class FullShapeMasks(GraphPass):
             return False
         node.replace_input_with(2, new_initializer(model, f"{fill.name}_rknn", np.array(RKNN_FILL, farr.dtype).reshape(farr.shape)))
         return True
+
+
+def _window_counts(shape: Sequence[int], kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int]) -> np.ndarray:
+    """How many input positions (padding excluded) each output position of a 2-D pool window covers."""
+    h, w = shape[-2:]
+    ones = np.pad(np.ones((h, w), np.float32), ((pads[0], pads[2]), (pads[1], pads[3])))
+    oh, ow = (ones.shape[0] - kernel[0]) // strides[0] + 1, (ones.shape[1] - kernel[1]) // strides[1] + 1
+    return np.array([[ones[i * strides[0]:i * strides[0] + kernel[0], j * strides[1]:j * strides[1] + kernel[1]].sum()
+                      for j in range(ow)] for i in range(oh)], np.float32)
+
+
+class PaddedAvgPools(GraphPass):
+    """Each padded 2-D ``AveragePool`` that leaves the padding out of its count (ONNX's default,
+    PoolFormer's and EfficientFormer's token mixer) as one that counts it, times a constant map
+    (k² / positions counted) that only the border positions differ in: RKNN 2.5.0 runs the first on the
+    CPU and the second on the NPU (module docstring)."""
+
+    name = "rknn_padded_avgpools"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        infer_shapes(model)
+        for node in list(model.graph):
+            a = {k: v.value for k, v in node.attributes.items()}
+            if node.op_type != "AveragePool" or a.get("count_include_pad", 0) or not any(a.get("pads", [0])):
+                continue
+            shape, kernel = static_shape(node.inputs[0]), list(a["kernel_shape"])
+            if shape is None or len(shape) != 4 or a.get("ceil_mode", 0) or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+                report.skipped[node.name] = "not a static 2-D pool with explicit pads and floor rounding"
+                continue
+            counts = _window_counts(shape, kernel, list(a.get("strides", [1, 1])), list(a["pads"]))
+            node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 1)
+            name = node.name or node.outputs[0].name
+            corr = (float(np.prod(kernel)) / counts)[None, None]
+            uses = list(node.outputs[0].uses())
+            is_output = node.outputs[0].is_graph_output()
+            mul = ir.node("Mul", [node.outputs[0], new_initializer(model, f"{name}_count_map", corr.astype(np.float32))],
+                          name=f"{name}_count_Mul")
+            mul.outputs[0].shape, mul.outputs[0].dtype = node.outputs[0].shape, node.outputs[0].dtype
+            model.graph.insert_after(node, [mul])
+            if is_output:
+                ir.convenience.replace_all_uses_with(node.outputs[0], mul.outputs[0], replace_graph_outputs=True)
+                mul.replace_input_with(0, node.outputs[0])
+            for user, idx in uses:
+                user.replace_input_with(idx, mul.outputs[0])
+            report.changed += 1
 
 
 def _runs(perm: Sequence[int], shape: Sequence[int]) -> list[list[int]]:

@@ -21,7 +21,7 @@ from ..graph.files import load_model, save_model
 from ..graph.passes import GraphPass
 from .rknn import RknnQuantization
 from .rknn_graph import (
-    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards, strided_convs,
+    CollapseTransposes, FullShapeMasks, Hazard, PaddedAvgPools, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards, strided_convs,
 )
 from .rknn_qdq import (
     BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
@@ -45,7 +45,7 @@ def _apply(model: ir.Model, passes: Sequence[GraphPass]) -> dict:
 
 
 def _float_forms(model: ir.Model) -> dict:
-    return _apply(model, [FullShapeMasks(), CollapseTransposes()])
+    return _apply(model, [FullShapeMasks(), CollapseTransposes(), PaddedAvgPools()])
 
 
 def float_for_rknn(fp32: str | Path, dst: str | Path) -> dict:
