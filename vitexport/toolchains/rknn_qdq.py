@@ -468,10 +468,11 @@ FUSED_ACTIVATIONS = ("Relu", "Clip")
 
 
 def quantized_convs(model: ir.Model) -> list[ir.Node]:
-    """Convs whose activation and constant weight both come through DequantizeLinear."""
+    """Convs whose activation and constant weight both come through DequantizeLinear, of a stride RKNN
+    compiles in INT8 (:data:`~.rknn_graph.MAX_QDQ_STRIDE`; :class:`PatchConvsInInt8` splits the others it can)."""
     out = []
     for node in model.graph:
-        if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None:
+        if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None or conv_stride(node) > MAX_QDQ_STRIDE:
             continue
         w_dq = producer(node.inputs[1], "DequantizeLinear")
         if w_dq is not None and const_array(w_dq.inputs[0]) is not None:
@@ -545,10 +546,22 @@ class ConvOutputsQdq(GraphPass):
             report.changed += 1
 
 
+def _float_reason(conv: ir.Node, x_dq: ir.Node | None, w_dq: ir.Node | None) -> str:
+    """Why :class:`ConvsInFloat` took a Conv's Q/DQ off (the INT8-share gate names it per node)."""
+    head = "rknn_convs_in_float took its Q/DQ off: "
+    if conv_stride(conv) > MAX_QDQ_STRIDE:
+        return head + (f"stride {conv_stride(conv)}: RKNN 2.5.0 crashes on a Q/DQ Conv of stride above {MAX_QDQ_STRIDE}, "
+                       f"and no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, stride, pads and input")
+    if x_dq is None or w_dq is None or const_array(w_dq.inputs[0]) is None:
+        return head + "its activation or its weight is not Q/DQ'd in the quantized file (RKNN 2.5.0 runs a Conv in INT8 only with both)"
+    return head + "no calibration range was measured for its output Q/DQ (RKNN 2.5.0 runs a Conv in INT8 only with its output Q/DQ'd)"
+
+
 class ConvsInFloat(GraphPass):
-    """Q/DQ taken off every Conv whose output is not Q/DQ'd (its activation reads the float tensor, its
-    weight the dequantized values): RKNN 2.5.0 rejects a Q/DQ'd Conv it cannot run in INT8 in its bias
-    handling (``KeyError: 'x_dequantized_conv'``)."""
+    """Q/DQ taken off every Conv whose output (:func:`conv_output`) is not Q/DQ'd (its activation reads
+    the float tensor, its weight the dequantized values): RKNN 2.5.0 rejects some Q/DQ'd Convs it cannot
+    run in INT8 in its bias handling (``KeyError: 'x_dequantized_conv'``). After :class:`ConvOutputsQdq`
+    only Convs without a measured output range, or whose activation or weight is not Q/DQ'd, are left."""
 
     name = "rknn_convs_in_float"
 
@@ -557,8 +570,8 @@ class ConvsInFloat(GraphPass):
             if node.op_type != "Conv":
                 continue
             x_dq, w_dq = producer(node.inputs[0], "DequantizeLinear"), producer(node.inputs[1], "DequantizeLinear")
-            if (x_dq is None and w_dq is None) or _quantized(node.outputs[0]):
-                continue  # already float, or already in the INT8 layout (its output Q/DQ'd)
+            if (x_dq is None and w_dq is None) or (_quantized(conv_output(node)) and conv_stride(node) <= MAX_QDQ_STRIDE):
+                continue  # already float, or already in the INT8 layout (its output Q/DQ'd, a stride RKNN compiles)
             q = producer(x_dq.inputs[0], "QuantizeLinear") if x_dq is not None else None
             if x_dq is not None and q is not None:
                 node.replace_input_with(0, q.inputs[0])
@@ -571,9 +584,7 @@ class ConvsInFloat(GraphPass):
                 w = (wq.astype(np.float32) - np.reshape(wz, shape).astype(np.float32)) * np.reshape(ws, shape)
                 node.replace_input_with(1, new_initializer(model, f"{node.name}_w_float", w.astype(np.float32)))
             # said per node: the INT8-share gate names this rule as the reason RKNN runs the conv in float16
-            report.skipped[node.name] = ("rknn_convs_in_float took its Q/DQ off: RKNN 2.5.0 runs a Conv in INT8 only "
-                                         "with its output Q/DQ'd, which the qdq layout adds to Linears and patch "
-                                         "convs only")
+            report.skipped[node.name] = _float_reason(node, x_dq, w_dq)
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
 
