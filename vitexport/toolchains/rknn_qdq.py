@@ -502,6 +502,35 @@ def conv_outputs_to_measure(model: ir.Model) -> list[str]:
     return names
 
 
+def _zero_bias(model: ir.Model, conv: ir.Node) -> None:
+    """A zero float bias on a Conv without one: RKNN 2.5.0 derives the int32 scale of the bias it
+    synthesises for such a Conv from tensors it may have rewritten, and aborts (``Conv bias scale (…
+    weight_dequantized_bias_0) is empty``, SIGABRT in ``RKNNAllocateConvCachePass``: EfficientViT's
+    depthwise ``aggreg`` conv, whose input also feeds a Concat); with a zero bias it compiles."""
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
+        return
+    cout = const_array(conv.inputs[1].producer().inputs[0]).shape[0]
+    bias = new_initializer(model, f"{conv.name or conv.outputs[0].name}_zero_bias", np.zeros(cout, np.float32))
+    if len(conv.inputs) > 2:
+        conv.replace_input_with(2, bias)
+    else:
+        conv.resize_inputs(3)
+        conv.replace_input_with(2, bias)
+
+
+def _own_dq(model: ir.Model, conv: ir.Node) -> None:
+    """The Conv's activation DequantizeLinear made its own when other nodes read it too (a Concat):
+    RKNN 2.5.0 then ran EfficientViT's depthwise ``aggreg`` conv in float16 despite its Q/DQ."""
+    dq = conv.inputs[0].producer()
+    if len(list(dq.outputs[0].uses())) == 1:
+        return
+    own = ir.node("DequantizeLinear", list(dq.inputs), attributes=dict(dq.attributes), name=f"{conv.name}_own_DQ")
+    own.outputs[0].name = f"{dq.outputs[0].name}_{conv.name}"
+    own.outputs[0].shape, own.outputs[0].dtype = dq.outputs[0].shape, dq.outputs[0].dtype
+    model.graph.insert_after(dq, [own])
+    conv.replace_input_with(0, own.outputs[0])
+
+
 class ConvOutputsQdq(GraphPass):
     """Each quantized Conv's output (after a Relu/Clip RKNN fuses into it, :func:`conv_output`) Q/DQ'd,
     so that RKNN runs the Conv in INT8 (module docstring). Where a QuantizeLinear already reads that
@@ -523,6 +552,8 @@ class ConvOutputsQdq(GraphPass):
 
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
         for conv in quantized_convs(model):
+            _zero_bias(model, conv)
+            _own_dq(model, conv)
             v = conv_output(conv)
             uses = list(v.uses())
             qs = [u for u, _ in uses if u.op_type == "QuantizeLinear"]
