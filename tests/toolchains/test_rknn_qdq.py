@@ -234,10 +234,12 @@ def test_a_stride_8_patch_conv_splits_into_a_space_to_depth_conv_and_a_stride_2_
 
 
 def test_a_strided_conv_no_split_fits_is_left_float_with_the_reason():
-    """A 5x5 stride-8 conv: no factor divides both, so its Q/DQ comes off (RKNN runs it in float16,
-    where it compiles) and the gate's reason says why."""
+    """A 5x5 stride-8 conv: no factor divides both, so it stays as it is, its Q/DQ off, and the hazard
+    (RKNN refuses a float conv of stride 8 too) names the node and the rule before RKNN runs."""
     model = ir.serde.deserialize_model(qdq_strided_conv(size=37, kernel=5, stride=8))
     report = qdq_layout(model, _images(2, 37))
     assert report["rknn_patch_convs_in_int8"] == 0 and report["rknn_conv_outputs_qdq"] == 0
-    assert report["rknn_convs_in_float"] == 1 and rknn_hazards(model) == []
-    assert "stride 8: RKNN 2.5.0 crashes on a Q/DQ Conv of stride above 7" in report["skipped"]["patch"]
+    assert report["rknn_convs_in_float"] == 1
+    assert "stride 8: no space-to-depth step of 2 to 4 divides" in report["skipped"]["patch"]
+    (hazard,) = rknn_hazards(model)
+    assert hazard.rule == "rknn.conv_stride" and str(hazard).startswith("node patch: stride-8 Conv: RKNN 2.5.0 compiles no")

@@ -41,8 +41,9 @@ MAX_TRANSPOSE_RANK = 4
 #: the largest p of a p x p stride-p Q/DQ Conv RKNN 2.5.0 compiles in INT8 (4x4 runs ``Conv INT8``; 16x16
 #: crashes in ``RKNNWeightTransposePass`` or is refused: ``KeyError: 'x_dq_conv'``)
 MAX_QDQ_PATCH = 4
-#: the largest stride of a Q/DQ Conv RKNN 2.5.0 compiles: any kernel at stride 8 (3x3, 8x8, PiT's 16x16)
-#: crashes it (SIGSEGV in ``RKNNWeightTransposePass``); strides 2 to 7 run ``Conv INT8`` (16x16/4, 7x7/7, 8x8/7)
+#: the largest stride of a Conv RKNN 2.5.0 compiles: any kernel at stride 8 (3x3, 8x8, PiT's 16x16) crashes
+#: it when Q/DQ'd (SIGSEGV in ``RKNNWeightTransposePass``) and is refused in float (``KeyError: 'x_conv'``);
+#: strides 2 to 7 run ``Conv INT8`` (16x16/4, 7x7/7, 8x8/7)
 MAX_QDQ_STRIDE = 7
 
 
@@ -303,10 +304,11 @@ def _node_hazard(node: ir.Node) -> Hazard | None:
         return Hazard("rknn.patch_conv", node, f"{p}x{p} stride-{p} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
                       "(RKNNWeightTransposePass) or refuses it (KeyError '<input>_conv')",
                       f"split it into convs of at most {MAX_QDQ_PATCH}x{MAX_QDQ_PATCH}")
-    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE and producer(node.inputs[0], "DequantizeLinear"):
-        return Hazard("rknn.conv_stride", node, f"stride-{conv_stride(node)} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
-                      "(SIGSEGV in RKNNWeightTransposePass) at any stride above 7",
-                      "split a space-to-depth step off it (kernel and stride divisible by 2, 3 or 4), or leave it float")
+    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE:
+        return Hazard("rknn.conv_stride", node, f"stride-{conv_stride(node)} Conv: RKNN 2.5.0 compiles no Conv of stride "
+                      f"above {MAX_QDQ_STRIDE} (Q/DQ'd: SIGSEGV in RKNNWeightTransposePass; float: KeyError "
+                      "'<input>_conv')", "the qdq layout splits a space-to-depth step of 2 to 4 off it where one divides "
+                      "its kernel, stride, pads and input (PiT's 16x16 stride 8); change the model's stride or kernel otherwise")
     return None
 
 

@@ -285,9 +285,8 @@ class PatchConvsInInt8(GraphPass):
             elif p:
                 self._as_1x1(model, conv, q)
             else:
-                report.skipped[conv.name] = (f"stride {conv_stride(conv)}: RKNN 2.5.0 crashes on a Q/DQ Conv of stride above "
-                                             f"{MAX_QDQ_STRIDE} and no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides "
-                                             "its kernel, stride, pads and input: left in float16")
+                report.skipped[conv.name] = (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} "
+                                             "divides its kernel, stride, pads and input (rknn.conv_stride)")
                 continue
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
@@ -581,8 +580,8 @@ def _float_reason(conv: ir.Node, x_dq: ir.Node | None, w_dq: ir.Node | None) -> 
     """Why :class:`ConvsInFloat` took a Conv's Q/DQ off (the INT8-share gate names it per node)."""
     head = "rknn_convs_in_float took its Q/DQ off: "
     if conv_stride(conv) > MAX_QDQ_STRIDE:
-        return head + (f"stride {conv_stride(conv)}: RKNN 2.5.0 crashes on a Q/DQ Conv of stride above {MAX_QDQ_STRIDE}, "
-                       f"and no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, stride, pads and input")
+        return head + (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, "
+                       "stride, pads and input (RKNN compiles no conv of stride above 7, rule rknn.conv_stride)")
     if x_dq is None or w_dq is None or const_array(w_dq.inputs[0]) is None:
         return head + "its activation or its weight is not Q/DQ'd in the quantized file (RKNN 2.5.0 runs a Conv in INT8 only with both)"
     return head + "no calibration range was measured for its output Q/DQ (RKNN 2.5.0 runs a Conv in INT8 only with its output Q/DQ'd)"
