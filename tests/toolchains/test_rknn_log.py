@@ -4,11 +4,13 @@ printed for rknn_models.qdq_convs (rknn-toolkit2 2.5.0, rk3588)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from rknn_models import CONV_MACS
-from vitexport.toolchains.rknn import _rknn_groups
+from rknn_models import CONV_MACS, qdq_convs
+from vitexport.targets.rknn_stages import rknn_share
+from vitexport.toolchains.rknn import RknnResult, _rknn_groups
 from vitexport.toolchains.rknn_log import op_summary, parse_op_table, with_groups
 
 #: RKNN's table for qdq_convs: the depthwise weight listed as (1, 16, 3, 3), the grouped conv expanded
@@ -68,3 +70,19 @@ def test_parallel_grouped_branches_rknn_fuses_count_the_grouped_macs():
     assert dense[0].macs == 768 * 384 * 9 * 4  # as listed: the overstatement
     (row,) = with_groups(dense, groups)
     assert row.macs == 768 * 9 * 4
+
+
+def test_the_share_names_each_float_conv_with_the_layout_rule_that_left_it(tmp_path):
+    """What the gate reads from RKNN's op table (no RKNN needed: a table it printed): a conv the layout
+    left float is named with ConvsInFloat's reason, one the quantizer left float with the quantizer's."""
+    compiled = tmp_path / "model.rknn.onnx"
+    onnx.save(qdq_convs(), compiled)
+    ops = with_groups(parse_op_table(TABLE), {"depthwise": 16, "grouped": 4})
+    res = RknnResult(reply={}, outputs=[], ops=ops, summary=op_summary(ops), log=tmp_path / "rknn.log", wall_s=0.0)
+    layout = {"skipped": {"pointwise": "rknn_convs_in_float took its Q/DQ off: no calibration range was measured"}}
+    share = rknn_share(res, "qdq", layout, compiled, ["target_options.route=rknn"])
+    (layer,) = share.float_layers
+    assert (layer.name, layer.op, layer.macs) == ("Conv:pointwise", "ConvRelu", 4 * 4 * 32 * 16)
+    assert layer.why.startswith("rknn_convs_in_float took its Q/DQ off")
+    share = rknn_share(res, "qdq", {}, compiled, [])
+    assert "yet RKNN chose float16" in share.float_layers[0].why  # Q/DQ'd in the file: RKNN's own choice
