@@ -11,6 +11,10 @@ with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.rknn_qdq`).
   (Swin's patch merging: ``[1,4,2,4,2,C]`` with perm ``(0,1,3,4,2,5)``) as Reshape → 4-D Transpose →
   Reshape. RKNN lays the 6-D one out as a 5-D Transpose it runs on the CPU (in every route, its own
   FP16 and INT8 builds too); the 4-D one runs on the NPU (shrunk Swin-T: 0 ops on the CPU).
+- :class:`PaddedAvgPools`: a padded ``AveragePool`` that leaves the padding out of its count (ONNX's
+  default; PoolFormer's and EfficientFormer's ``pool(x) - x`` token mixer) runs on the CPU; counting the
+  padding it runs ``AveragePool INT8`` on the NPU, so it is written as that times a constant map
+  (k² / positions counted, 1 inside), a ``Mul`` on the NPU.
 - :func:`rknn_hazards`: the patterns above and the INT8-layout ones, found before RKNN sees the file,
   one line per node with the rule (so a crash names the node, not only the compiler pass).
 """

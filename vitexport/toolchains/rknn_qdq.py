@@ -8,7 +8,8 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
   behind a Transpose it inserts *after* the DQ, so the Conv reads float16: the demo ran 4 % of its
   GEMM MACs in INT8). Written as ``Transpose → Q/DQ → Conv 1x1 (weights [Cout,Cin,1,1], per-channel
   axis 0) → Q/DQ → Transpose``, the same Linear runs INT8 (``Conv INT8`` in RKNN's op table).
-- :class:`PatchConvsInInt8`: a p x p stride-p patch embedding with p ≤ 4 only needs its output Q/DQ'd;
+- :class:`PatchConvsInInt8`: a p x p stride-p patch embedding with p ≤ 4 only needs its output Q/DQ'd
+  (any Conv of stride > 7 is split the same way where a factor divides kernel, stride, pads and input);
   a larger one (ViT's 16x16) crashes RKNN (``RKNNWeightTransposePass``) or is refused (``KeyError:
   'x_dq_conv'``), so it becomes two Q/DQ'd convs of at most 4x4: a one-hot ``f x f`` stride-f conv
   (space to depth, exact in INT8: one-hot weights, the input's own scale) and the patch conv's weights
@@ -21,7 +22,40 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
   to Softmax; :class:`MoveScoreScales` moves that scalar Mul after the MatMul (the q Q/DQ's scale divided
   by it: the same int8 values), and the scores' Q/DQ then sits before it. HF BERT divides the scores
   itself and Swin adds a bias: there the Q/DQ goes on the MatMul output as it is.
-- :class:`ConvsInFloat`: Q/DQ taken off any other Conv left without an output Q/DQ.
+- :class:`ConvOutputsQdq`: every other quantized Conv's output Q/DQ'd where RKNN wants it (below), a
+  QuantizeLinear already reading it (the next op's input) shared with its other readers; a Conv without
+  a bias gets a zero one and its own activation DQ where a Concat shares it (both measured on
+  EfficientViT's ``aggreg`` conv: ``Conv bias scale (…) is empty``, SIGABRT; then float16).
+- :class:`ConvsInFloat`: Q/DQ taken off any Conv still without its output Q/DQ (no range measured, an
+  activation or a weight the quantizer left float, a stride no split fits).
+
+Measured on rknn-toolkit2 2.5.0's op table (rk3588, x86 simulator), one op between a Q/DQ'd producer
+and a Q/DQ'd consumer, 16 channels at 16x16 (``DQ`` in, ``Q/DQ`` out unless said):
+
+=============================================  ====================================================
+conv kind / op                                 RKNN's op table
+=============================================  ====================================================
+3x3, bias or none; 1x1; 5x5; stride 2          ``Conv INT8``; without the output Q/DQ ``Conv FLOAT16``
+depthwise 3x3, 7x7, stride 2; grouped (4)      ``Conv INT8`` (grouped: RKNN splits or densifies it)
+k x k stride s, s ≤ 7 (4x4/2, 8x8/4, 16x16/4,  ``Conv INT8``
+8x8/7, 7x7/7, 6x6/6)
+any kernel at stride ≥ 8 (3x3/8, 8x8/8,        Q/DQ'd: SIGSEGV in ``RKNNWeightTransposePass``; float:
+16x16/8)                                       ``KeyError: '<input>_conv'`` (split: one-hot f x f / f,
+                                               then k/f x k/f / s/f: both ``Conv INT8``)
+Conv → Relu / Clip, Q/DQ after the activation  ``ConvRelu`` / ``ConvClip INT8`` (Q/DQ between: the same)
+Conv → HardSwish / Sigmoid / SiLU / GELU,      ``ConvHardSwish`` / ``ConvSigmoid`` / ``ConvExSwish`` /
+Q/DQ after the activation only                 ``ConvExGelu FLOAT16``
+the same, Q/DQ right after the Conv            ``Conv INT8``, the activation alone in FLOAT16; with
+                                               Q/DQ after the activation too: ``ConvExSwish INT8``
+AveragePool 3x3/1 pad 1, padding not counted   INT8 **on the CPU** (PoolFormer, EfficientFormer)
+AveragePool counting its padding; unpadded;    ``AveragePool INT8`` on the NPU (hence
+2x2/2                                          :class:`~.rknn_graph.PaddedAvgPools`)
+GlobalAveragePool                              two ``Conv`` rows (counted as GEMM MACs): INT8
+                                               between Q/DQ, float16 on a float input
+MaxPool 3x3/2; Resize nearest / linear; Concat ``INT8`` on the NPU
+Add of two Q/DQ'd tensors                      fused away (into the next Conv)
+Softmax, last axis ≤ 256 / ≥ 320               NPU / ``exSoftmax13`` **on the CPU** (PiT at 224: 730)
+=============================================  ====================================================
 - :class:`BatchedProbsInFloat`: RKNN runs the float16 → int8 conversion of a Softmax output on the
   CPU when its leading dimension is > 1 and its last a multiple of 16 (Swin's first stage, (4 windows,
   2 heads, 16, 16): 2 of 177 ops off the NPU; measured on a bare attention: (2|4, 2, T, T) on the CPU

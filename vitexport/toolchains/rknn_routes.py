@@ -5,8 +5,10 @@
 - ``hybrid``: RKNN's quantizer in two steps with vitexport's calibrated ranges written into its
   quantization config between them (``hybrid_quantization_step1/2``).
 - ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.rknn_qdq`): Linears as
-  Q/DQ'd 1x1 Convs, patch convs split to ≤ 4x4, Q·Kᵀ scores Q/DQ'd before their scale, every
-  quantized op's output Q/DQ'd; the float forms of the ``rknn`` route too.
+  Q/DQ'd 1x1 Convs, patch convs split to ≤ 4x4 and convs of stride > 7 split, Q·Kᵀ scores Q/DQ'd
+  before their scale, every quantized Conv's output Q/DQ'd (after a Relu/Clip it fuses); the float
+  forms of the ``rknn`` route too (full-shape masks, 4-D Transposes, padded AveragePools that count
+  their padding).
 """
 from __future__ import annotations
 
