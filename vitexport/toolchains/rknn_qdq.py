@@ -78,7 +78,7 @@ from .rknn_graph import (
 )
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
-           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "conv_outputs_to_measure",
+           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "pooled_shortcut", "conv_outputs_to_measure",
            "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
@@ -524,11 +524,26 @@ def conv_output(conv: ir.Node) -> ir.Value:
     return out
 
 
+def pooled_shortcut(conv: ir.Node) -> bool:
+    """The Conv's output is summed with a pooled tensor (``conv(x) + pool(x)``: EfficientFormerV2's
+    downsampling attention, a 3x3 stride-2 depthwise conv beside a 1x1 stride-2 AveragePool): RKNN 2.5.0
+    crashes on it with the Conv in INT8 (SIGILL in ``RKNNAllocateConvCachePass``, after "The
+    dimensionSize of Tensor is 0"), and compiles it with the Conv in float16."""
+    uses = list(conv.outputs[0].uses())
+    if len(uses) != 1 or uses[0][0].op_type != "Add":
+        return False
+    add = uses[0][0]
+    other = add.inputs[1] if add.inputs[0] is conv.outputs[0] else add.inputs[0]
+    return other is not None and other.producer() is not None and other.producer().op_type in ("AveragePool", "MaxPool")
+
+
 def conv_outputs_to_measure(model: ir.Model) -> list[str]:
     """The :func:`conv_output` of each quantized Conv that no QuantizeLinear reads yet: the tensors
     :class:`ConvOutputsQdq` adds a Q/DQ pair to, whose ranges it needs."""
     names = []
     for conv in quantized_convs(model):
+        if pooled_shortcut(conv):
+            continue
         v = conv_output(conv)
         if not any(u.op_type == "QuantizeLinear" for u, _ in v.uses()) and v.name not in names:
             names.append(v.name)
@@ -585,6 +600,9 @@ class ConvOutputsQdq(GraphPass):
 
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
         for conv in quantized_convs(model):
+            if pooled_shortcut(conv):
+                report.skipped[conv.name] = "summed with a pooled shortcut, which RKNN 2.5.0 crashes on in INT8"
+                continue
             _zero_bias(model, conv)
             _own_dq(model, conv)
             v = conv_output(conv)
@@ -616,6 +634,9 @@ def _float_reason(conv: ir.Node, x_dq: ir.Node | None, w_dq: ir.Node | None) -> 
     if conv_stride(conv) > MAX_QDQ_STRIDE:
         return head + (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, "
                        "stride, pads and input (RKNN compiles no conv of stride above 7, rule rknn.conv_stride)")
+    if pooled_shortcut(conv):
+        return head + ("it is summed with a pooled shortcut (conv(x) + pool(x)), which RKNN 2.5.0 crashes on with the "
+                       "conv in INT8 (SIGILL in RKNNAllocateConvCachePass)")
     if x_dq is None or w_dq is None or const_array(w_dq.inputs[0]) is None:
         return head + "its activation or its weight is not Q/DQ'd in the quantized file (RKNN 2.5.0 runs a Conv in INT8 only with both)"
     return head + "no calibration range was measured for its output Q/DQ (RKNN 2.5.0 runs a Conv in INT8 only with its output Q/DQ'd)"
