@@ -6,12 +6,14 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
 
 from rknn_models import DIM, HEADS, TOKENS, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv
 from vitexport.toolchains.rknn_graph import output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.toolchains.rknn_qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
-    conv_output, conv_outputs_to_measure, linear_sites, patch_split, quantized_convs, score_matmuls, stride_split,
+    conv_output, conv_outputs_to_measure, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
 )
 from vitexport.toolchains.rknn_routes import layout_hazards, qdq_layout
 
@@ -243,3 +245,38 @@ def test_a_strided_conv_no_split_fits_is_left_float_with_the_reason():
     assert "stride 8: no space-to-depth step of 2 to 4 divides" in report["skipped"]["patch"]
     (hazard,) = rknn_hazards(model)
     assert hazard.rule == "rknn.conv_stride" and str(hazard).startswith("node patch: stride-8 Conv: RKNN 2.5.0 compiles no")
+
+
+def _pooled_shortcut_model() -> ir.Model:
+    """EfficientFormerV2's downsampling query: DQ(x) → 3x3 stride-2 depthwise conv, + AveragePool 1x1
+    stride 2 of x, → Q/DQ → 1x1 conv."""
+    rs = np.random.RandomState(0)
+    inits = [nh.from_array(np.array(4 / 127, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
+             nh.from_array(rs.randint(-127, 127, (8, 1, 3, 3)).astype(np.int8), "wq"),
+             nh.from_array(np.full(8, 0.01, np.float32), "ws"), nh.from_array(np.zeros(8, np.int8), "wz"),
+             nh.from_array(rs.randint(-127, 127, (8, 8, 1, 1)).astype(np.int8), "pq")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             helper.make_node("Conv", ["xd", "w"], ["local"], group=8, kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4, name="local"),
+             helper.make_node("AveragePool", ["xd"], ["pool"], kernel_shape=[1, 1], strides=[2, 2], name="pool"),
+             helper.make_node("Add", ["local", "pool"], ["q"], name="add"),
+             helper.make_node("QuantizeLinear", ["q", "s", "z"], ["qq"]), helper.make_node("DequantizeLinear", ["qq", "s", "z"], ["qd"]),
+             helper.make_node("DequantizeLinear", ["pq", "ws", "wz"], ["pw"], axis=0),
+             helper.make_node("Conv", ["qd", "pw"], ["y"], kernel_shape=[1, 1], name="proj")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], inits)
+    return ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def test_a_conv_beside_a_pooled_shortcut_stays_float_with_the_reason():
+    """conv(x) + pool(x): RKNN crashes with the conv in INT8 (EfficientFormerV2 at 224), so its Q/DQ comes
+    off, said per node; the 1x1 projection after the sum is laid out for INT8 as usual."""
+    model = _pooled_shortcut_model()
+    assert [pooled_shortcut(c) for c in quantized_convs(model)] == [True, False]
+    report = qdq_layout(model, [{"x": np.random.RandomState(i).randn(1, 8, 8, 8).astype(np.float32)} for i in range(2)])
+    assert report["rknn_convs_in_float"] == 1 and "pooled shortcut" in report["skipped"]["local"]
+    local = next(n for n in model.graph if n.name == "local")
+    assert local.inputs[0].producer() is None and local.inputs[1].const_value is not None  # float16 in RKNN
+    proj = next(n for n in model.graph if n.name == "proj")
+    assert proj.inputs[0].producer().op_type == "DequantizeLinear"
+    assert [u.op_type for u, _ in proj.outputs[0].uses()] == ["QuantizeLinear"]
