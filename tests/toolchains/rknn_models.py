@@ -7,7 +7,7 @@ import onnx.numpy_helper as nh
 from onnx import TensorProto, helper
 
 __all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "qdq_convs", "CONV_MACS",
-           "qdq_hybrid_block", "qdq_strided_conv",
+           "qdq_hybrid_block", "qdq_strided_conv", "qdq_unhalved_gelu",
            "TOKENS", "DIM", "HEADS"]
 
 TOKENS, DIM, HEADS = 8, 16, 2
@@ -233,3 +233,18 @@ def qdq_strided_conv(seed: int = 0, size: int = 32, kernel: int = 16, stride: in
     nodes[-1].output[0] = "y"
     out = (size - kernel) // stride + 1
     return _model(nodes, inits, (1, dim, out, out), in_shape=(1, 3, size, size))
+
+
+def qdq_unhalved_gelu(seed: int = 0, chans: int = 16, size: int = 8) -> onnx.ModelProto:
+    """EfficientFormerV2's MLP as it reaches RKNN: 1x1 conv (Q/DQ'd) → x · (1 + erf(x / √2)) (the GELU's
+    0.5 folded into the next conv's weights) → a float 3x3 depthwise conv."""
+    rs = np.random.RandomState(seed)
+    nodes: list = []
+    inits: list = [nh.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"), nh.from_array(np.array(1.0, np.float32), "one"),
+                   nh.from_array((rs.randn(chans, 1, 3, 3) * 0.15).astype(np.float32), "mid_w")]
+    x = _qdq(nodes, inits, "x", 3.0 / 127, "x")
+    h = _qdq(nodes, inits, _qconv(nodes, inits, rs, x, "fc1", chans, chans, 1), 3.0 / 127, "h")
+    nodes += [helper.make_node("Div", [h, "sqrt2"], ["d"], name="gelu_div"), helper.make_node("Erf", ["d"], ["e"], name="gelu_erf"),
+              helper.make_node("Add", ["e", "one"], ["a"], name="gelu_add"), helper.make_node("Mul", [h, "a"], ["g"], name="gelu_mul"),
+              helper.make_node("Conv", ["g", "mid_w"], ["y"], group=chans, kernel_shape=[3, 3], pads=[1] * 4, name="mid")]
+    return _model(nodes, inits, (1, chans, size, size), in_shape=(1, chans, size, size))

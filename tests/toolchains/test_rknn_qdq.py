@@ -9,8 +9,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 
-from rknn_models import DIM, HEADS, TOKENS, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv
-from vitexport.toolchains.rknn_graph import output_ranges, patch_convs, rknn_hazards, strided_convs
+from rknn_models import (
+    DIM, HEADS, TOKENS, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv, qdq_unhalved_gelu,
+)
+from vitexport.toolchains.rknn_graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.toolchains.rknn_qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
     conv_output, conv_outputs_to_measure, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
@@ -280,3 +282,19 @@ def test_a_conv_beside_a_pooled_shortcut_stays_float_with_the_reason():
     proj = next(n for n in model.graph if n.name == "proj")
     assert proj.inputs[0].producer().op_type == "DequantizeLinear"
     assert [u.op_type for u, _ in proj.outputs[0].uses()] == ["QuantizeLinear"]
+
+
+def test_a_gelu_without_its_half_gets_it_back_with_a_double_after():
+    """x·(1 + erf(x/√2)) (RKNN runs its Erf on the CPU) is followed by ·0.5·2 (the whole GELU RKNN fuses):
+    the same function; a whole GELU is left alone."""
+    model = ir.serde.deserialize_model(qdq_unhalved_gelu())
+    feed = {"x": np.random.RandomState(0).randn(1, 16, 8, 8).astype(np.float32)}
+    before = _float_qdq_run(model, feed)
+    assert HalvedGelus()(model).report.changed == 1
+    mul = next(n for n in model.graph if n.name == "gelu_mul")
+    (half,) = [u for u, _ in mul.outputs[0].uses()]
+    (double,) = [u for u, _ in half.outputs[0].uses()]
+    assert (half.inputs[1].const_value.numpy(), double.inputs[1].const_value.numpy()) == (0.5, 2.0)
+    assert [u.name for u, _ in double.outputs[0].uses()] == ["mid"]
+    np.testing.assert_allclose(_float_qdq_run(model, feed), before, rtol=1e-6, atol=1e-6)
+    assert HalvedGelus()(model).report.changed == 0  # now a whole GELU

@@ -11,6 +11,7 @@ import pytest
 
 from rknn_models import (
     CONV_MACS, DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv,
+    qdq_unhalved_gelu,
 )
 from vitexport.errors import BadInput
 from vitexport.graph.files import save_model
@@ -209,3 +210,20 @@ def test_pits_stride_8_patch_conv_runs_int8_once_split(rknn, tmp_path):
     assert res.summary.int8_share == 1.0 and res.summary.on_cpu == [], res.summary.to_dict()
     assert [r.source for r in res.ops if r.is_gemm] == ["patch_s2d", "patch_patch"]
     assert _cos(res.outputs[0], _ort(path, feeds)) > 0.999
+
+
+@pytest.mark.slow
+def test_a_gelu_without_its_half_runs_on_the_npu_after_the_layout(rknn, tmp_path):
+    """EfficientFormerV2's MLP: RKNN runs the lone Erf of x·(1 + erf(x/√2)) on the CPU; in the layout
+    (·0.5·2 after it) it fuses exGelu on the NPU and nothing is on the CPU."""
+    feeds = [{"x": np.random.RandomState(i).randn(1, 16, 8, 8).astype(np.float32)} for i in range(2)]
+    before, after = tmp_path / "gelu.onnx", tmp_path / "gelu_rknn.onnx"
+    model = ir.serde.deserialize_model(qdq_unhalved_gelu())
+    save_model(model, before)
+    assert qdq_layout(model, feeds)["rknn_halved_gelus"] == 1
+    save_model(model, after)
+    plain = run_rknn(RknnRequest(onnx=before, platform=PLATFORM, config=CONFIG), tmp_path / "plain")
+    assert plain.summary.on_cpu == ["Erf:Erf:gelu_erf"]
+    res = run_rknn(RknnRequest(onnx=after, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
+    assert res.summary.on_cpu == [] and any(r.op_type == "exGelu" for r in res.ops), res.summary.to_dict()
+    assert _cos(res.outputs[0], _ort(after, feeds)) > 0.999

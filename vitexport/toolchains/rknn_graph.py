@@ -15,6 +15,9 @@ with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.rknn_qdq`).
   default; PoolFormer's and EfficientFormer's ``pool(x) - x`` token mixer) runs on the CPU; counting the
   padding it runs ``AveragePool INT8`` on the NPU, so it is written as that times a constant map
   (k² / positions counted, 1 inside), a ``Mul`` on the NPU.
+- :class:`HalvedGelus`: ``x · (1 + erf(x / √2))``, a GELU whose 0.5 a constant fold moved into the next
+  conv, leaves RKNN's ``Erf`` unfused, on the CPU; followed by ``· 0.5 · 2`` it fuses into ``exGelu`` on
+  the NPU (and RKNN folds the ``· 2`` into the next conv).
 - :func:`rknn_hazards`: the patterns above and the INT8-layout ones, found before RKNN sees the file,
   one line per node with the rule (so a crash names the node, not only the compiler pass).
 """
@@ -31,7 +34,7 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, static_shape
 from ..runners.sessions import Session, SessionConfig
 
-__all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
+__all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "HalvedGelus", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
            "patch_convs", "patch_size", "conv_stride", "strided_convs", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
            "MAX_QDQ_STRIDE"]
@@ -172,6 +175,71 @@ class PaddedAvgPools(GraphPass):
                 mul.replace_input_with(0, node.outputs[0])
             for user, idx in uses:
                 user.replace_input_with(idx, mul.outputs[0])
+            report.changed += 1
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    arr = const_array(value)
+    return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value:
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _unhalved_gelu(erf: ir.Node) -> tuple[ir.Value, ir.Node] | None:
+    """(x, the closing Mul) of ``x · (1 + erf(x / √2))``, a GELU whose 0.5 a constant fold moved into the
+    next layer, else None (a whole GELU, whose closing Mul a Mul by 0.5 reads, is None too)."""
+    pre = erf.inputs[0].producer()
+    if pre is None or pre.op_type not in ("Div", "Mul"):
+        return None
+    c = _scalar(pre.inputs[1])
+    if c is None or abs(c - (np.sqrt(2.0) if pre.op_type == "Div" else 1 / np.sqrt(2.0))) > 1e-3:
+        return None
+    x = pre.inputs[0]
+    uses = list(erf.outputs[0].uses())
+    add = uses[0][0] if len(uses) == 1 and uses[0][0].op_type == "Add" else None
+    if add is None or _scalar(_other(add, erf.outputs[0])) != 1.0:
+        return None
+    uses = list(add.outputs[0].uses())
+    mul = uses[0][0] if len(uses) == 1 and uses[0][0].op_type == "Mul" else None
+    if mul is None or _other(mul, add.outputs[0]) is not x:
+        return None
+    after = list(mul.outputs[0].uses())
+    if len(after) == 1 and after[0][0].op_type == "Mul" and _scalar(_other(after[0][0], mul.outputs[0])) == 0.5:
+        return None
+    return x, mul
+
+
+class HalvedGelus(GraphPass):
+    """Each ``x · (1 + erf(x / √2))`` (a GELU whose 0.5 was folded into the next layer) followed by
+    ``· 0.5 · 2``: RKNN 2.5.0 fuses only the whole GELU (``exGelu`` on the NPU) and runs a lone ``Erf`` on
+    the CPU (EfficientFormerV2's MLPs: 10 Erf on the CPU); it folds the ``· 2`` into the next conv."""
+
+    name = "rknn_halved_gelus"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for node in list(model.graph):
+            found = _unhalved_gelu(node) if node.op_type == "Erf" else None
+            if found is None:
+                continue
+            _, mul = found
+            name = mul.name or mul.outputs[0].name
+            uses = list(mul.outputs[0].uses())
+            is_output = mul.outputs[0].is_graph_output()
+            half = ir.node("Mul", [mul.outputs[0], new_initializer(model, f"{name}_half", np.array(0.5, np.float32))],
+                           name=f"{name}_gelu_half")
+            double = ir.node("Mul", [half.outputs[0], new_initializer(model, f"{name}_double", np.array(2.0, np.float32))],
+                             name=f"{name}_gelu_double")
+            if mul.outputs[0].dtype is not None:
+                for n in (half, double):
+                    n.outputs[0].shape, n.outputs[0].dtype = mul.outputs[0].shape, mul.outputs[0].dtype
+            model.graph.insert_after(mul, [half, double])
+            if is_output:
+                ir.convenience.replace_all_uses_with(mul.outputs[0], double.outputs[0], replace_graph_outputs=True)
+                half.replace_input_with(0, mul.outputs[0])
+            for user, idx in uses:
+                user.replace_input_with(idx, double.outputs[0])
             report.changed += 1
 
 

@@ -23,7 +23,7 @@ from ..graph.files import load_model, save_model
 from ..graph.passes import GraphPass
 from .rknn import RknnQuantization
 from .rknn_graph import (
-    CollapseTransposes, FullShapeMasks, Hazard, PaddedAvgPools, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards, strided_convs,
+    CollapseTransposes, FullShapeMasks, HalvedGelus, Hazard, PaddedAvgPools, activation_zp_dtype, output_ranges, patch_convs, rknn_hazards, strided_convs,
 )
 from .rknn_qdq import (
     BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
@@ -47,7 +47,7 @@ def _apply(model: ir.Model, passes: Sequence[GraphPass]) -> dict:
 
 
 def _float_forms(model: ir.Model) -> dict:
-    return _apply(model, [FullShapeMasks(), CollapseTransposes(), PaddedAvgPools()])
+    return _apply(model, [FullShapeMasks(), CollapseTransposes(), PaddedAvgPools(), HalvedGelus()])
 
 
 def float_for_rknn(fp32: str | Path, dst: str | Path) -> dict:
