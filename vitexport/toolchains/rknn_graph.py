@@ -36,7 +36,7 @@ from ..runners.sessions import Session, SessionConfig
 
 __all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "HalvedGelus", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
-           "patch_convs", "patch_size", "conv_stride", "strided_convs", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
+           "patch_convs", "patch_size", "conv_stride", "strided_convs", "space_to_depth_factor", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
            "MAX_QDQ_STRIDE"]
 
 #: what RKNN writes for a fill below −3e38 ("corrected to -10000"); exp(−10000 − max) is 0 in FP32 and
@@ -329,6 +329,25 @@ def conv_stride(node: ir.Node) -> int:
     return max(a.as_ints()) if a is not None else 1
 
 
+def space_to_depth_factor(conv: ir.Node) -> int | None:
+    """The space-to-depth factor f (at most :data:`MAX_QDQ_PATCH`) that leaves a k x k stride-s Conv as an
+    f x f one-hot conv and a k/f x k/f stride-s/f one RKNN compiles (s/f ≤ :data:`MAX_QDQ_STRIDE`): f
+    divides the kernel, the stride, the pads and the input's height and width. None when no f does."""
+    w_dq = producer(conv.inputs[1], "DequantizeLinear")
+    w = const_array(w_dq.inputs[0]) if w_dq is not None else const_array(conv.inputs[1])
+    shape = static_shape(conv.inputs[0])
+    a = {k: list(v.as_ints()) for k, v in conv.attributes.items() if k in ("strides", "pads", "dilations")}
+    group = conv.attributes["group"].as_int() if conv.attributes.get("group") is not None else 1
+    strides, pads = a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
+    if (w is None or w.ndim != 4 or shape is None or len(shape) != 4 or group != 1 or any(d != 1 for d in a.get("dilations", [1]))
+            or len(set(strides)) != 1 or w.shape[2] != w.shape[3]):
+        return None
+    k, st = int(w.shape[2]), strides[0]
+    return next((f for f in range(MAX_QDQ_PATCH, 1, -1)
+                 if k % f == 0 and st % f == 0 and st // f <= MAX_QDQ_STRIDE and not any(p % f for p in pads)
+                 and shape[2] % f == 0 and shape[3] % f == 0), None)
+
+
 def strided_convs(model: ir.Model) -> list[ir.Node]:
     """Q/DQ'd Convs other than patch embeddings with a stride above :data:`MAX_QDQ_STRIDE` (PiT's 16x16
     stride-8 patch conv), which RKNN crashes on."""
@@ -376,11 +395,11 @@ def _node_hazard(node: ir.Node) -> Hazard | None:
         return Hazard("rknn.patch_conv", node, f"{p}x{p} stride-{p} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
                       "(RKNNWeightTransposePass) or refuses it (KeyError '<input>_conv')",
                       f"split it into convs of at most {MAX_QDQ_PATCH}x{MAX_QDQ_PATCH}")
-    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE:
+    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE and space_to_depth_factor(node) is None:
         return Hazard("rknn.conv_stride", node, f"stride-{conv_stride(node)} Conv: RKNN 2.5.0 compiles no Conv of stride "
                       f"above {MAX_QDQ_STRIDE} (Q/DQ'd: SIGSEGV in RKNNWeightTransposePass; float: KeyError "
-                      "'<input>_conv')", "the qdq layout splits a space-to-depth step of 2 to 4 off it where one divides "
-                      "its kernel, stride, pads and input (PiT's 16x16 stride 8); change the model's stride or kernel otherwise")
+                      "'<input>_conv')", "no space-to-depth step of 2 to 4 divides its kernel, stride, pads and input (the qdq "
+                      "layout splits one off where it does: PiT's 16x16 stride 8); change the model's stride or kernel")
     return None
 
 

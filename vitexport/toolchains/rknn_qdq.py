@@ -74,7 +74,8 @@ import onnx_ir.passes.common as ir_common
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, quantized_linears, static_shape
 from .rknn_graph import (
-    MAX_QDQ_PATCH, MAX_QDQ_STRIDE, conv_stride, infer_shapes, new_initializer, patch_convs, patch_size, producer, strided_convs,
+    MAX_QDQ_PATCH, MAX_QDQ_STRIDE, conv_stride, infer_shapes, new_initializer, patch_convs, patch_size, producer,
+    space_to_depth_factor, strided_convs,
 )
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
@@ -270,22 +271,9 @@ def patch_split(p: int) -> int | None:
 
 
 def stride_split(conv: ir.Node) -> int | None:
-    """The space-to-depth factor f (at most :data:`~.rknn_graph.MAX_QDQ_PATCH`) that leaves a k x k
-    stride-s Conv as an f x f one-hot conv and a k/f x k/f stride-s/f one RKNN compiles (s/f ≤
-    :data:`~.rknn_graph.MAX_QDQ_STRIDE`): f divides the kernel, the stride, the pads and the input's
-    height and width. None when no f does."""
-    w = const_array(conv.inputs[1].producer().inputs[0])
-    shape = static_shape(conv.inputs[0])
-    a = {k: list(v.as_ints()) for k, v in conv.attributes.items() if k in ("strides", "pads", "dilations")}
-    group = conv.attributes["group"].as_int() if conv.attributes.get("group") is not None else 1
-    strides, pads = a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
-    if (w is None or w.ndim != 4 or shape is None or len(shape) != 4 or group != 1 or any(d != 1 for d in a.get("dilations", [1]))
-            or len(set(strides)) != 1 or w.shape[2] != w.shape[3]):
-        return None
-    k, st = int(w.shape[2]), strides[0]
-    return next((f for f in range(MAX_QDQ_PATCH, 1, -1)
-                 if k % f == 0 and st % f == 0 and st // f <= MAX_QDQ_STRIDE and not any(p % f for p in pads)
-                 and shape[2] % f == 0 and shape[3] % f == 0), None)
+    """The space-to-depth factor that splits a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE`
+    (:func:`~.rknn_graph.space_to_depth_factor`), None when none does."""
+    return space_to_depth_factor(conv)
 
 
 class PatchConvsInInt8(GraphPass):
