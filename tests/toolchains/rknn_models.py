@@ -7,6 +7,7 @@ import onnx.numpy_helper as nh
 from onnx import TensorProto, helper
 
 __all__ = ["masked_attention", "qdq_linear", "qdq_patch_conv", "qdq_attention", "patch_merging", "qdq_convs", "CONV_MACS",
+           "qdq_hybrid_block", "qdq_strided_conv", "qdq_unhalved_gelu",
            "TOKENS", "DIM", "HEADS"]
 
 TOKENS, DIM, HEADS = 8, 16, 2
@@ -164,3 +165,86 @@ def qdq_convs(seed: int = 0) -> onnx.ModelProto:
         x = f"{name}_r"
     nodes[-1].output[0] = "y"
     return _model(nodes, inits, (1, 32, 4, 4), in_shape=(1, 3, 16, 16))
+
+
+def _act(nodes, inits, x: str, act: str, tag: str) -> str:
+    """``x`` through an activation as timm exports it at opset 13 (SiLU: x·sigmoid(x); HardSwish: x·hardsigmoid(x))."""
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [x], [f"{tag}_a"], name=f"{tag}_relu"))
+    elif act == "clip":
+        inits += [nh.from_array(np.array(0, np.float32), f"{tag}_lo"), nh.from_array(np.array(6, np.float32), f"{tag}_hi")]
+        nodes.append(helper.make_node("Clip", [x, f"{tag}_lo", f"{tag}_hi"], [f"{tag}_a"], name=f"{tag}_clip"))
+    else:
+        gate = helper.make_node("Sigmoid", [x], [f"{tag}_g"], name=f"{tag}_sigmoid") if act == "silu" else \
+            helper.make_node("HardSigmoid", [x], [f"{tag}_g"], alpha=1 / 6, beta=0.5, name=f"{tag}_hardsigmoid")
+        nodes += [gate, helper.make_node("Mul", [x, f"{tag}_g"], [f"{tag}_a"], name=f"{tag}_{act}")]
+    return f"{tag}_a"
+
+
+def _qconv(nodes, inits, rs, x: str, name: str, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
+           pad: int | None = None, bias: bool = True) -> str:
+    """A Conv reading ``x`` (already DQ'd) with int8 weights per output channel, as vitexport's quantizer writes it."""
+    w = (rs.randn(cout, cin // groups, k, k) * (1.5 / np.sqrt(cin // groups * k * k))).astype(np.float32)
+    ws = np.abs(w).reshape(cout, -1).max(axis=1) / 127
+    inits += [nh.from_array(np.round(w / ws[:, None, None, None]).astype(np.int8), f"{name}_wq"),
+              nh.from_array(ws.astype(np.float32), f"{name}_ws"), nh.from_array(np.zeros(cout, np.int8), f"{name}_wz")]
+    ins = [x, f"{name}_w"]
+    if bias:
+        inits.append(nh.from_array((rs.randn(cout) * 0.1).astype(np.float32), f"{name}_b"))
+        ins.append(f"{name}_b")
+    p = (k - 1) // 2 if pad is None else pad
+    nodes += [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"], axis=0, name=f"{name}_w_DQ"),
+              helper.make_node("Conv", ins, [f"{name}_c"], kernel_shape=[k, k], strides=[stride, stride], pads=[p] * 4,
+                               group=groups, name=name)]
+    return f"{name}_c"
+
+
+def qdq_hybrid_block(seed: int = 0, act: str = "relu", chans: int = 16, size: int = 16) -> onnx.ModelProto:
+    """A hybrid's conv block as vitexport's quantizer writes it (each op's *input* Q/DQ'd, no output
+    Q/DQ): x → 3x3 conv (bias) → act → depthwise 3x3 (no bias) → act → PoolFormer's token mixer
+    (AveragePool 3x3 stride 1 pad 1 without the padding in its count, minus its input) → 1x1 conv →
+    + the block's input (a residual) → GlobalAveragePool. ``act``: relu, clip, silu, hardswish."""
+    rs = np.random.RandomState(seed)
+    nodes: list = []
+    inits: list = []
+    x0 = _qdq(nodes, inits, "x", 3.0 / 127, "x")
+    h = _act(nodes, inits, _qconv(nodes, inits, rs, x0, "conv3x3", chans, chans, 3), act, "a1")
+    h = _qdq(nodes, inits, h, 3.0 / 127, "h1")
+    h = _act(nodes, inits, _qconv(nodes, inits, rs, h, "depthwise", chans, chans, 3, groups=chans, bias=False), act, "a2")
+    h = _qdq(nodes, inits, h, 3.0 / 127, "h2")
+    nodes += [helper.make_node("AveragePool", [h], ["pool"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], name="pool"),
+              helper.make_node("Sub", ["pool", h], ["mixed"], name="pool_minus_x")]
+    h = _qdq(nodes, inits, "mixed", 3.0 / 127, "h3")
+    h = _qconv(nodes, inits, rs, h, "pointwise", chans, chans, 1)
+    nodes += [helper.make_node("Add", [h, "x"], ["res"], name="residual"),
+              helper.make_node("GlobalAveragePool", ["res"], ["y"], name="gap")]
+    return _model(nodes, inits, (1, chans, 1, 1), in_shape=(1, chans, size, size))
+
+
+def qdq_strided_conv(seed: int = 0, size: int = 32, kernel: int = 16, stride: int = 8, dim: int = 24) -> onnx.ModelProto:
+    """PiT's patch embedding: x[1,3,H,W] → Q/DQ → Conv k x k stride s (k ≠ s, unpadded) → Q/DQ (the next
+    op's input)."""
+    rs = np.random.RandomState(seed)
+    nodes: list = []
+    inits: list = []
+    x = _qdq(nodes, inits, "x", 4.0 / 127, "x")
+    c = _qconv(nodes, inits, rs, x, "patch", 3, dim, kernel, stride=stride, pad=0)
+    _qdq(nodes, inits, c, 4.0 / 127, "y")
+    nodes[-1].output[0] = "y"
+    out = (size - kernel) // stride + 1
+    return _model(nodes, inits, (1, dim, out, out), in_shape=(1, 3, size, size))
+
+
+def qdq_unhalved_gelu(seed: int = 0, chans: int = 16, size: int = 8) -> onnx.ModelProto:
+    """EfficientFormerV2's MLP as it reaches RKNN: 1x1 conv (Q/DQ'd) → x · (1 + erf(x / √2)) (the GELU's
+    0.5 folded into the next conv's weights) → a float 3x3 depthwise conv."""
+    rs = np.random.RandomState(seed)
+    nodes: list = []
+    inits: list = [nh.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"), nh.from_array(np.array(1.0, np.float32), "one"),
+                   nh.from_array((rs.randn(chans, 1, 3, 3) * 0.15).astype(np.float32), "mid_w")]
+    x = _qdq(nodes, inits, "x", 3.0 / 127, "x")
+    h = _qdq(nodes, inits, _qconv(nodes, inits, rs, x, "fc1", chans, chans, 1), 3.0 / 127, "h")
+    nodes += [helper.make_node("Div", [h, "sqrt2"], ["d"], name="gelu_div"), helper.make_node("Erf", ["d"], ["e"], name="gelu_erf"),
+              helper.make_node("Add", ["e", "one"], ["a"], name="gelu_add"), helper.make_node("Mul", [h, "a"], ["g"], name="gelu_mul"),
+              helper.make_node("Conv", ["g", "mid_w"], ["y"], group=chans, kernel_shape=[3, 3], pads=[1] * 4, name="mid")]
+    return _model(nodes, inits, (1, chans, size, size), in_shape=(1, chans, size, size))

@@ -9,7 +9,10 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from rknn_models import CONV_MACS, DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq_convs, qdq_linear, qdq_patch_conv
+from rknn_models import (
+    CONV_MACS, DIM, HEADS, TOKENS, masked_attention, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv,
+    qdq_unhalved_gelu,
+)
 from vitexport.errors import BadInput
 from vitexport.graph.files import save_model
 from vitexport.toolchains.rknn import RKNN_VENV_ENV, RknnRequest, rknn_missing, run_rknn
@@ -165,3 +168,62 @@ def test_batched_probabilities_stay_on_the_npu_once_out_of_qdq(rknn, tmp_path, m
     assert res.summary.on_cpu == [] and res.summary.on_npu == res.summary.ops, res.summary.to_dict()
     assert res.summary.float_gemms == ["exMatMul:pv#1"]  # attn·V in float16, Q·Kᵀ still INT8
     assert _cos(res.outputs[0], _ort(after, feeds)) > 0.99
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act, fused", [("relu", "ConvRelu"), ("silu", "ConvExSwish")])
+def test_a_hybrids_convs_and_pool_run_int8_on_the_npu_after_the_layout(rknn, tmp_path, act, fused):
+    """As vitexport's quantizer writes the block, RKNN runs the pointwise conv (no output Q/DQ) in
+    float16, the SiLU convs fused in float16 and the padded AveragePool on the CPU; in the layout every
+    conv runs INT8 (a SiLU with Q/DQ on both sides fuses as ConvExSwish INT8) and no op is on the CPU."""
+    feeds = [{"x": np.random.RandomState(i).randn(1, 16, 16, 16).astype(np.float32)} for i in range(3)]
+    before, after = tmp_path / "block.onnx", tmp_path / "block_rknn.onnx"
+    model = ir.serde.deserialize_model(qdq_hybrid_block(act=act))
+    save_model(model, before)
+    qdq_layout(model, feeds)
+    save_model(model, after)
+    convs = ("conv3x3", "depthwise", "pointwise")
+    plain = run_rknn(RknnRequest(onnx=before, platform=PLATFORM, config=CONFIG), tmp_path / "plain")
+    assert plain.summary.on_cpu == ["AveragePool:AveragePool:pool"]
+    assert {r.source: r.dtype for r in plain.ops if r.source in convs}["pointwise"] == "FLOAT16"
+    res = run_rknn(RknnRequest(onnx=after, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
+    assert res.summary.on_cpu == [], res.summary.to_dict()  # from RKNN's own op table
+    assert {r.source: (r.op_type, r.dtype) for r in res.ops if r.source in convs} == {
+        "conv3x3": (fused, "INT8"), "depthwise": (fused, "INT8"), "pointwise": ("Conv", "INT8")}
+    assert next(r for r in res.ops if r.op_type == "AveragePool").dtype == "INT8"
+    assert _cos(res.outputs[0], _ort(after, feeds)) > 0.999
+
+
+@pytest.mark.slow
+def test_pits_stride_8_patch_conv_runs_int8_once_split(rknn, tmp_path):
+    """RKNN crashes on any Q/DQ conv of stride 8 (PiT's 16x16 stride-8 patch embedding); split into a
+    space-to-depth conv and a 4x4 stride-2 one, both run INT8."""
+    feeds = [{"x": np.random.RandomState(i).randn(1, 3, 32, 32).astype(np.float32)} for i in range(3)]
+    model = ir.serde.deserialize_model(qdq_strided_conv())
+    as_is, path = tmp_path / "pit.onnx", tmp_path / "pit_rknn.onnx"
+    save_model(model, as_is)
+    with pytest.raises(BadInput, match=r"crashed \(SIGSEGV\) in stage build \(compiler pass rknn::RKNNWeightTransposePass\)"):
+        run_rknn(RknnRequest(onnx=as_is, platform=PLATFORM, config=CONFIG), tmp_path / "as_is")
+    qdq_layout(model, feeds)
+    save_model(model, path)
+    res = run_rknn(RknnRequest(onnx=path, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
+    assert res.summary.int8_share == 1.0 and res.summary.on_cpu == [], res.summary.to_dict()
+    assert [r.source for r in res.ops if r.is_gemm] == ["patch_s2d", "patch_patch"]
+    assert _cos(res.outputs[0], _ort(path, feeds)) > 0.999
+
+
+@pytest.mark.slow
+def test_a_gelu_without_its_half_runs_on_the_npu_after_the_layout(rknn, tmp_path):
+    """EfficientFormerV2's MLP: RKNN runs the lone Erf of x·(1 + erf(x/√2)) on the CPU; in the layout
+    (·0.5·2 after it) it fuses exGelu on the NPU and nothing is on the CPU."""
+    feeds = [{"x": np.random.RandomState(i).randn(1, 16, 8, 8).astype(np.float32)} for i in range(2)]
+    before, after = tmp_path / "gelu.onnx", tmp_path / "gelu_rknn.onnx"
+    model = ir.serde.deserialize_model(qdq_unhalved_gelu())
+    save_model(model, before)
+    assert qdq_layout(model, feeds)["rknn_halved_gelus"] == 1
+    save_model(model, after)
+    plain = run_rknn(RknnRequest(onnx=before, platform=PLATFORM, config=CONFIG), tmp_path / "plain")
+    assert plain.summary.on_cpu == ["Erf:Erf:gelu_erf"]
+    res = run_rknn(RknnRequest(onnx=after, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
+    assert res.summary.on_cpu == [] and any(r.op_type == "exGelu" for r in res.ops), res.summary.to_dict()
+    assert _cos(res.outputs[0], _ort(after, feeds)) > 0.999

@@ -8,7 +8,8 @@ imports torch) and runs in a worker process (:mod:`vitexport.toolchains.rknn`). 
   the demo with its 4 inserted Muls compiles with 100 % of its GEMM/Conv MACs in INT8);
 - the route by which the INT8 reaches RKNN (``target_options.route``, :mod:`vitexport.toolchains.rknn_routes`):
   ``qdq`` (default, the best measured in ``bench/results-npu.md``: vitexport's Q/DQ in the layout
-  RKNN runs as INT8), ``rknn`` (RKNN's own quantizer on vitexport's float graph), ``hybrid``
+  RKNN runs as INT8: every quantized Conv's output Q/DQ'd, after the Relu/Clip RKNN fuses; the conv
+  kinds and ops measured are tabled in :mod:`vitexport.toolchains.rknn_qdq`), ``rknn`` (RKNN's own quantizer on vitexport's float graph), ``hybrid``
   (vitexport's ranges written into RKNN's quantization config);
 - what its runtime accepts: :class:`RknnRules`, the patterns RKNN crashes on, hangs on or runs on the
   CPU, checked on the file as it will be laid out for RKNN;

@@ -236,6 +236,21 @@ def _as_onnx_shapes(outputs: list[np.ndarray], onnx_path: Path) -> list[np.ndarr
     return out + outputs[len(out):]
 
 
+def _rknn_groups(model) -> dict[str, int]:
+    """:func:`conv_groups`, and for each ``Add`` of parallel grouped Convs of one group count (FastViT's and
+    MobileOne's kxk + 1x1 branches) the name RKNN gives the one Conv it fuses them into
+    (``<Add>_fused``, listed with a dense weight): its MACs are those of the grouped branch."""
+    groups = conv_groups(model)
+    for node in model.graph:
+        if node.op_type != "Add":
+            continue
+        convs = [v.producer() for v in node.inputs if v is not None and v.producer() is not None and v.producer().op_type == "Conv"]
+        counts = {groups.get(c.name, 1) for c in convs}
+        if len(convs) >= 2 and len(counts) == 1 and counts != {1}:
+            groups[f"{node.name}_fused"] = counts.pop()
+    return groups
+
+
 def _wait(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None]) -> int | None:
     """The worker's exit code (None: killed after ``timeout_s``); each step it starts (its reply names
     the step before running it) is told to ``on_step`` within a second."""
@@ -289,6 +304,6 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     if rc != 0 or not reply.get("ok"):
         raise _failure(reply, rc, log, timeout_s, Path(req.onnx))
     # RKNN lists a grouped conv as the dense one it computes: the source's group counts say which
-    ops = with_groups(parse_op_table(log), conv_groups(load_model(req.onnx)))
+    ops = with_groups(parse_op_table(log), _rknn_groups(load_model(req.onnx)))
     outputs = _as_onnx_shapes([np.load(p) for p in reply.get("outputs", [])], Path(req.onnx))
     return RknnResult(reply=reply, outputs=outputs, ops=ops, summary=op_summary(ops), log=log, wall_s=wall)

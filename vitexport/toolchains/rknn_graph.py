@@ -11,6 +11,13 @@ with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.rknn_qdq`).
   (Swin's patch merging: ``[1,4,2,4,2,C]`` with perm ``(0,1,3,4,2,5)``) as Reshape → 4-D Transpose →
   Reshape. RKNN lays the 6-D one out as a 5-D Transpose it runs on the CPU (in every route, its own
   FP16 and INT8 builds too); the 4-D one runs on the NPU (shrunk Swin-T: 0 ops on the CPU).
+- :class:`PaddedAvgPools`: a padded ``AveragePool`` that leaves the padding out of its count (ONNX's
+  default; PoolFormer's and EfficientFormer's ``pool(x) - x`` token mixer) runs on the CPU; counting the
+  padding it runs ``AveragePool INT8`` on the NPU, so it is written as that times a constant map
+  (k² / positions counted, 1 inside), a ``Mul`` on the NPU.
+- :class:`HalvedGelus`: ``x · (1 + erf(x / √2))``, a GELU whose 0.5 a constant fold moved into the next
+  conv, leaves RKNN's ``Erf`` unfused, on the CPU; followed by ``· 0.5 · 2`` it fuses into ``exGelu`` on
+  the NPU (and RKNN folds the ``· 2`` into the next conv).
 - :func:`rknn_hazards`: the patterns above and the INT8-layout ones, found before RKNN sees the file,
   one line per node with the rule (so a crash names the node, not only the compiler pass).
 """
@@ -27,9 +34,10 @@ from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, static_shape
 from ..runners.sessions import Session, SessionConfig
 
-__all__ = ["FullShapeMasks", "CollapseTransposes", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
+__all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "HalvedGelus", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
            "infer_shapes", "output_ranges", "activation_zp_dtype",
-           "patch_convs", "patch_size", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH"]
+           "patch_convs", "patch_size", "conv_stride", "strided_convs", "space_to_depth_factor", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
+           "MAX_QDQ_STRIDE"]
 
 #: what RKNN writes for a fill below −3e38 ("corrected to -10000"); exp(−10000 − max) is 0 in FP32 and
 #: FP16 alike, and −10000 is exact in FP16 (largest finite 65504)
@@ -40,6 +48,10 @@ MAX_TRANSPOSE_RANK = 4
 #: the largest p of a p x p stride-p Q/DQ Conv RKNN 2.5.0 compiles in INT8 (4x4 runs ``Conv INT8``; 16x16
 #: crashes in ``RKNNWeightTransposePass`` or is refused: ``KeyError: 'x_dq_conv'``)
 MAX_QDQ_PATCH = 4
+#: the largest stride of a Conv RKNN 2.5.0 compiles: any kernel at stride 8 (3x3, 8x8, PiT's 16x16) crashes
+#: it when Q/DQ'd (SIGSEGV in ``RKNNWeightTransposePass``) and is refused in float (``KeyError: 'x_conv'``);
+#: strides 2 to 7 run ``Conv INT8`` (16x16/4, 7x7/7, 8x8/7)
+MAX_QDQ_STRIDE = 7
 
 
 def new_initializer(model: ir.Model, name: str, arr: np.ndarray) -> ir.Value:
@@ -121,6 +133,116 @@ class FullShapeMasks(GraphPass):
         return True
 
 
+def _window_counts(shape: Sequence[int], kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int]) -> np.ndarray:
+    """How many input positions (padding excluded) each output position of a 2-D pool window covers."""
+    h, w = shape[-2:]
+    ones = np.pad(np.ones((h, w), np.float32), ((pads[0], pads[2]), (pads[1], pads[3])))
+    oh, ow = (ones.shape[0] - kernel[0]) // strides[0] + 1, (ones.shape[1] - kernel[1]) // strides[1] + 1
+    return np.array([[ones[i * strides[0]:i * strides[0] + kernel[0], j * strides[1]:j * strides[1] + kernel[1]].sum()
+                      for j in range(ow)] for i in range(oh)], np.float32)
+
+
+class PaddedAvgPools(GraphPass):
+    """Each padded 2-D ``AveragePool`` that leaves the padding out of its count (ONNX's default,
+    PoolFormer's and EfficientFormer's token mixer) as one that counts it, times a constant map
+    (k² / positions counted) that only the border positions differ in: RKNN 2.5.0 runs the first on the
+    CPU and the second on the NPU (module docstring)."""
+
+    name = "rknn_padded_avgpools"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        infer_shapes(model)
+        for node in list(model.graph):
+            a = {k: v.value for k, v in node.attributes.items()}
+            if node.op_type != "AveragePool" or a.get("count_include_pad", 0) or not any(a.get("pads", [0])):
+                continue
+            shape, kernel = static_shape(node.inputs[0]), list(a["kernel_shape"])
+            if shape is None or len(shape) != 4 or a.get("ceil_mode", 0) or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+                report.skipped[node.name] = "not a static 2-D pool with explicit pads and floor rounding"
+                continue
+            counts = _window_counts(shape, kernel, list(a.get("strides", [1, 1])), list(a["pads"]))
+            node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 1)
+            name = node.name or node.outputs[0].name
+            corr = (float(np.prod(kernel)) / counts)[None, None]
+            uses = list(node.outputs[0].uses())
+            is_output = node.outputs[0].is_graph_output()
+            mul = ir.node("Mul", [node.outputs[0], new_initializer(model, f"{name}_count_map", corr.astype(np.float32))],
+                          name=f"{name}_count_Mul")
+            mul.outputs[0].shape, mul.outputs[0].dtype = node.outputs[0].shape, node.outputs[0].dtype
+            model.graph.insert_after(node, [mul])
+            if is_output:
+                ir.convenience.replace_all_uses_with(node.outputs[0], mul.outputs[0], replace_graph_outputs=True)
+                mul.replace_input_with(0, node.outputs[0])
+            for user, idx in uses:
+                user.replace_input_with(idx, mul.outputs[0])
+            report.changed += 1
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    arr = const_array(value)
+    return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value:
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _unhalved_gelu(erf: ir.Node) -> tuple[ir.Value, ir.Node] | None:
+    """(x, the closing Mul) of ``x · (1 + erf(x / √2))``, a GELU whose 0.5 a constant fold moved into the
+    next layer, else None (a whole GELU, whose closing Mul a Mul by 0.5 reads, is None too)."""
+    pre = erf.inputs[0].producer()
+    if pre is None or pre.op_type not in ("Div", "Mul"):
+        return None
+    c = _scalar(pre.inputs[1])
+    if c is None or abs(c - (np.sqrt(2.0) if pre.op_type == "Div" else 1 / np.sqrt(2.0))) > 1e-3:
+        return None
+    x = pre.inputs[0]
+    uses = list(erf.outputs[0].uses())
+    add = uses[0][0] if len(uses) == 1 and uses[0][0].op_type == "Add" else None
+    if add is None or _scalar(_other(add, erf.outputs[0])) != 1.0:
+        return None
+    uses = list(add.outputs[0].uses())
+    mul = uses[0][0] if len(uses) == 1 and uses[0][0].op_type == "Mul" else None
+    if mul is None or _other(mul, add.outputs[0]) is not x:
+        return None
+    after = list(mul.outputs[0].uses())
+    if len(after) == 1 and after[0][0].op_type == "Mul" and _scalar(_other(after[0][0], mul.outputs[0])) == 0.5:
+        return None
+    return x, mul
+
+
+class HalvedGelus(GraphPass):
+    """Each ``x · (1 + erf(x / √2))`` (a GELU whose 0.5 was folded into the next layer) followed by
+    ``· 0.5 · 2``: RKNN 2.5.0 fuses only the whole GELU (``exGelu`` on the NPU) and runs a lone ``Erf`` on
+    the CPU (EfficientFormerV2's MLPs: 10 Erf on the CPU); it folds the ``· 2`` into the next conv."""
+
+    name = "rknn_halved_gelus"
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for node in list(model.graph):
+            found = _unhalved_gelu(node) if node.op_type == "Erf" else None
+            if found is None:
+                continue
+            _, mul = found
+            name = mul.name or mul.outputs[0].name
+            uses = list(mul.outputs[0].uses())
+            is_output = mul.outputs[0].is_graph_output()
+            half = ir.node("Mul", [mul.outputs[0], new_initializer(model, f"{name}_half", np.array(0.5, np.float32))],
+                           name=f"{name}_gelu_half")
+            double = ir.node("Mul", [half.outputs[0], new_initializer(model, f"{name}_double", np.array(2.0, np.float32))],
+                             name=f"{name}_gelu_double")
+            if mul.outputs[0].dtype is not None:
+                for n in (half, double):
+                    n.outputs[0].shape, n.outputs[0].dtype = mul.outputs[0].shape, mul.outputs[0].dtype
+            model.graph.insert_after(mul, [half, double])
+            if is_output:
+                ir.convenience.replace_all_uses_with(mul.outputs[0], double.outputs[0], replace_graph_outputs=True)
+                half.replace_input_with(0, mul.outputs[0])
+            for user, idx in uses:
+                user.replace_input_with(idx, double.outputs[0])
+            report.changed += 1
+
+
 def _runs(perm: Sequence[int], shape: Sequence[int]) -> list[list[int]]:
     """The perm's runs of input axes that stay consecutive in the output, size-1 axes left out (they
     move nothing)."""
@@ -191,10 +313,45 @@ def patch_size(node: ir.Node) -> int | None:
     return p
 
 
+def _qdq_conv(n: ir.Node) -> bool:
+    return (n.op_type == "Conv" and producer(n.inputs[0], "DequantizeLinear") is not None
+            and producer(n.inputs[1], "DequantizeLinear") is not None)
+
+
 def patch_convs(model: ir.Model) -> list[ir.Node]:
     """Q/DQ'd patch-embedding Convs (activation and weight through DequantizeLinear)."""
-    return [n for n in model.graph if patch_size(n) and producer(n.inputs[0], "DequantizeLinear") is not None
-            and producer(n.inputs[1], "DequantizeLinear") is not None]
+    return [n for n in model.graph if patch_size(n) and _qdq_conv(n)]
+
+
+def conv_stride(node: ir.Node) -> int:
+    """The largest stride of a Conv (1 when it has none)."""
+    a = node.attributes.get("strides")
+    return max(a.as_ints()) if a is not None else 1
+
+
+def space_to_depth_factor(conv: ir.Node) -> int | None:
+    """The space-to-depth factor f (at most :data:`MAX_QDQ_PATCH`) that leaves a k x k stride-s Conv as an
+    f x f one-hot conv and a k/f x k/f stride-s/f one RKNN compiles (s/f ≤ :data:`MAX_QDQ_STRIDE`): f
+    divides the kernel, the stride, the pads and the input's height and width. None when no f does."""
+    w_dq = producer(conv.inputs[1], "DequantizeLinear")
+    w = const_array(w_dq.inputs[0]) if w_dq is not None else const_array(conv.inputs[1])
+    shape = static_shape(conv.inputs[0])
+    a = {k: list(v.as_ints()) for k, v in conv.attributes.items() if k in ("strides", "pads", "dilations")}
+    group = conv.attributes["group"].as_int() if conv.attributes.get("group") is not None else 1
+    strides, pads = a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
+    if (w is None or w.ndim != 4 or shape is None or len(shape) != 4 or group != 1 or any(d != 1 for d in a.get("dilations", [1]))
+            or len(set(strides)) != 1 or w.shape[2] != w.shape[3]):
+        return None
+    k, st = int(w.shape[2]), strides[0]
+    return next((f for f in range(MAX_QDQ_PATCH, 1, -1)
+                 if k % f == 0 and st % f == 0 and st // f <= MAX_QDQ_STRIDE and not any(p % f for p in pads)
+                 and shape[2] % f == 0 and shape[3] % f == 0), None)
+
+
+def strided_convs(model: ir.Model) -> list[ir.Node]:
+    """Q/DQ'd Convs other than patch embeddings with a stride above :data:`MAX_QDQ_STRIDE` (PiT's 16x16
+    stride-8 patch conv), which RKNN crashes on."""
+    return [n for n in model.graph if _qdq_conv(n) and not patch_size(n) and conv_stride(n) > MAX_QDQ_STRIDE]
 
 
 @dataclass(frozen=True)
@@ -211,7 +368,7 @@ class Hazard:
 
 
 #: the rule ids :func:`rknn_hazards` reports
-HAZARD_RULES = ("rknn.where_broadcast", "rknn.gemm_qdq", "rknn.softmax_qdq", "rknn.patch_conv")
+HAZARD_RULES = ("rknn.where_broadcast", "rknn.gemm_qdq", "rknn.softmax_qdq", "rknn.patch_conv", "rknn.conv_stride")
 
 
 def _where_hazard(node: ir.Node) -> Hazard | None:
@@ -238,6 +395,11 @@ def _node_hazard(node: ir.Node) -> Hazard | None:
         return Hazard("rknn.patch_conv", node, f"{p}x{p} stride-{p} Conv on a Q/DQ input: RKNN 2.5.0 crashes "
                       "(RKNNWeightTransposePass) or refuses it (KeyError '<input>_conv')",
                       f"split it into convs of at most {MAX_QDQ_PATCH}x{MAX_QDQ_PATCH}")
+    if not p and node.op_type == "Conv" and conv_stride(node) > MAX_QDQ_STRIDE and space_to_depth_factor(node) is None:
+        return Hazard("rknn.conv_stride", node, f"stride-{conv_stride(node)} Conv: RKNN 2.5.0 compiles no Conv of stride "
+                      f"above {MAX_QDQ_STRIDE} (Q/DQ'd: SIGSEGV in RKNNWeightTransposePass; float: KeyError "
+                      "'<input>_conv')", "no space-to-depth step of 2 to 4 divides its kernel, stride, pads and input (the qdq "
+                      "layout splits one off where it does: PiT's 16x16 stride 8); change the model's stride or kernel")
     return None
 
 

@@ -8,7 +8,8 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
   behind a Transpose it inserts *after* the DQ, so the Conv reads float16: the demo ran 4 % of its
   GEMM MACs in INT8). Written as ``Transpose → Q/DQ → Conv 1x1 (weights [Cout,Cin,1,1], per-channel
   axis 0) → Q/DQ → Transpose``, the same Linear runs INT8 (``Conv INT8`` in RKNN's op table).
-- :class:`PatchConvsInInt8`: a p x p stride-p patch embedding with p ≤ 4 only needs its output Q/DQ'd;
+- :class:`PatchConvsInInt8`: a p x p stride-p patch embedding with p ≤ 4 only needs its output Q/DQ'd
+  (any Conv of stride > 7 is split the same way where a factor divides kernel, stride, pads and input);
   a larger one (ViT's 16x16) crashes RKNN (``RKNNWeightTransposePass``) or is refused (``KeyError:
   'x_dq_conv'``), so it becomes two Q/DQ'd convs of at most 4x4: a one-hot ``f x f`` stride-f conv
   (space to depth, exact in INT8: one-hot weights, the input's own scale) and the patch conv's weights
@@ -21,7 +22,40 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
   to Softmax; :class:`MoveScoreScales` moves that scalar Mul after the MatMul (the q Q/DQ's scale divided
   by it: the same int8 values), and the scores' Q/DQ then sits before it. HF BERT divides the scores
   itself and Swin adds a bias: there the Q/DQ goes on the MatMul output as it is.
-- :class:`ConvsInFloat`: Q/DQ taken off any other Conv left without an output Q/DQ.
+- :class:`ConvOutputsQdq`: every other quantized Conv's output Q/DQ'd where RKNN wants it (below), a
+  QuantizeLinear already reading it (the next op's input) shared with its other readers; a Conv without
+  a bias gets a zero one and its own activation DQ where a Concat shares it (both measured on
+  EfficientViT's ``aggreg`` conv: ``Conv bias scale (…) is empty``, SIGABRT; then float16).
+- :class:`ConvsInFloat`: Q/DQ taken off any Conv still without its output Q/DQ (no range measured, an
+  activation or a weight the quantizer left float, a stride no split fits).
+
+Measured on rknn-toolkit2 2.5.0's op table (rk3588, x86 simulator), one op between a Q/DQ'd producer
+and a Q/DQ'd consumer, 16 channels at 16x16 (``DQ`` in, ``Q/DQ`` out unless said):
+
+=============================================  ====================================================
+conv kind / op                                 RKNN's op table
+=============================================  ====================================================
+3x3, bias or none; 1x1; 5x5; stride 2          ``Conv INT8``; without the output Q/DQ ``Conv FLOAT16``
+depthwise 3x3, 7x7, stride 2; grouped (4)      ``Conv INT8`` (grouped: RKNN splits or densifies it)
+k x k stride s, s ≤ 7 (4x4/2, 8x8/4, 16x16/4,  ``Conv INT8``
+8x8/7, 7x7/7, 6x6/6)
+any kernel at stride ≥ 8 (3x3/8, 8x8/8,        Q/DQ'd: SIGSEGV in ``RKNNWeightTransposePass``; float:
+16x16/8)                                       ``KeyError: '<input>_conv'`` (split: one-hot f x f / f,
+                                               then k/f x k/f / s/f: both ``Conv INT8``)
+Conv → Relu / Clip, Q/DQ after the activation  ``ConvRelu`` / ``ConvClip INT8`` (Q/DQ between: the same)
+Conv → HardSwish / Sigmoid / SiLU / GELU,      ``ConvHardSwish`` / ``ConvSigmoid`` / ``ConvExSwish`` /
+Q/DQ after the activation only                 ``ConvExGelu FLOAT16``
+the same, Q/DQ right after the Conv            ``Conv INT8``, the activation alone in FLOAT16; with
+                                               Q/DQ after the activation too: ``ConvExSwish INT8``
+AveragePool 3x3/1 pad 1, padding not counted   INT8 **on the CPU** (PoolFormer, EfficientFormer)
+AveragePool counting its padding; unpadded;    ``AveragePool INT8`` on the NPU (hence
+2x2/2                                          :class:`~.rknn_graph.PaddedAvgPools`)
+GlobalAveragePool                              two ``Conv`` rows (counted as GEMM MACs): INT8
+                                               between Q/DQ, float16 on a float input
+MaxPool 3x3/2; Resize nearest / linear; Concat ``INT8`` on the NPU
+Add of two Q/DQ'd tensors                      fused away (into the next Conv)
+Softmax, last axis ≤ 256 / ≥ 320               NPU / ``exSoftmax13`` **on the CPU** (PiT at 224: 730)
+=============================================  ====================================================
 - :class:`BatchedProbsInFloat`: RKNN runs the float16 → int8 conversion of a Softmax output on the
   CPU when its leading dimension is > 1 and its last a multiple of 16 (Swin's first stage, (4 windows,
   2 heads, 16, 16): 2 of 177 ops off the NPU; measured on a bare attention: (2|4, 2, T, T) on the CPU
@@ -39,10 +73,14 @@ import onnx_ir.passes.common as ir_common
 
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array, quantized_linears, static_shape
-from .rknn_graph import MAX_QDQ_PATCH, infer_shapes, new_initializer, patch_convs, patch_size, producer
+from .rknn_graph import (
+    MAX_QDQ_PATCH, MAX_QDQ_STRIDE, conv_stride, infer_shapes, new_initializer, patch_convs, patch_size, producer,
+    space_to_depth_factor, strided_convs,
+)
 
-__all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "MoveScoreScales",
-           "score_matmuls", "OutputQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
+__all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
+           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "pooled_shortcut", "conv_outputs_to_measure",
+           "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
 _SCORE_PATH = ("Mul", "Div", "Add", "Where", "Reshape", "Transpose")
@@ -232,9 +270,17 @@ def patch_split(p: int) -> int | None:
     return next((f for f in range(MAX_QDQ_PATCH, 1, -1) if p % f == 0 and p // f <= MAX_QDQ_PATCH), None)
 
 
+def stride_split(conv: ir.Node) -> int | None:
+    """The space-to-depth factor that splits a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE`
+    (:func:`~.rknn_graph.space_to_depth_factor`), None when none does."""
+    return space_to_depth_factor(conv)
+
+
 class PatchConvsInInt8(GraphPass):
     """Each Q/DQ'd patch-embedding Conv in a form RKNN runs in INT8 (see the module docstring): its
-    output Q/DQ'd (p ≤ 4), split into two ≤ 4x4 convs (p ≤ 16), else patches-to-channels + a 1x1 conv.
+    output Q/DQ'd (p ≤ 4), split into two ≤ 4x4 convs (p ≤ 16), else patches-to-channels + a 1x1 conv;
+    a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE` (PiT's 16x16 stride 8) split the same
+    way (:func:`stride_split`), else left for ConvsInFloat with the reason.
 
     Args:
         ranges: Conv output tensor → (lo, hi), from :func:`~.rknn_graph.output_ranges`.
@@ -247,19 +293,23 @@ class PatchConvsInInt8(GraphPass):
         self.ranges = ranges
 
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
-        for conv in patch_convs(model):
+        for conv in patch_convs(model) + strided_convs(model):
             q = producer(conv.inputs[0].producer().inputs[0], "QuantizeLinear")
             if q is None or conv.outputs[0].name not in self.ranges:
                 report.skipped[conv.name] = "no QuantizeLinear before it" if q is None else "no output range"
                 continue
             p = patch_size(conv)
-            f = patch_split(p)
-            if p <= MAX_QDQ_PATCH:
+            f = patch_split(p) if p else stride_split(conv)
+            if p and p <= MAX_QDQ_PATCH:
                 self._output_qdq(model, conv, q)
             elif f is not None:
                 self._split(model, conv, q, f)
-            else:
+            elif p:
                 self._as_1x1(model, conv, q)
+            else:
+                report.skipped[conv.name] = (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} "
+                                             "divides its kernel, stride, pads and input (rknn.conv_stride)")
+                continue
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
 
@@ -282,10 +332,12 @@ class PatchConvsInInt8(GraphPass):
             node.replace_input_with(idx, nodes[-1].outputs[0])
 
     def _split(self, model: ir.Model, conv: ir.Node, q: ir.Node, f: int) -> None:
-        """conv p x p / p = (one-hot f x f / f: channel c·f²+i·f+j) then (p/f x p/f / p/f)."""
+        """conv k x k / s = (one-hot f x f / f: channel c·f²+i·f+j) then (k/f x k/f / s/f, pads / f)."""
         wq, ws, wz = (const_array(v) for v in conv.inputs[1].producer().inputs[:3])
         cout, cin, p = wq.shape[0], wq.shape[1], wq.shape[2]
         k = p // f
+        stride = conv_stride(conv) // f
+        pads = [x // f for x in conv.attributes["pads"].as_ints()] if conv.attributes.get("pads") is not None else [0] * 4
         onehot = np.zeros((cin * f * f, cin, f, f), wq.dtype)
         w2 = np.zeros((cout, cin * f * f, k, k), wq.dtype)
         for c in range(cin):
@@ -301,7 +353,7 @@ class PatchConvsInInt8(GraphPass):
         nodes = [s2d_w, s2d, *_qdq(s2d.outputs[0], q.inputs[1], q.inputs[2], f"{name}_s2d_out")]
         w = _per_channel(model, w2, ws, wz, f"{name}_patch")
         new = ir.node("Conv", [nodes[-1].outputs[0], w.outputs[0], *conv.inputs[2:]],
-                      attributes={"kernel_shape": [k, k], "strides": [k, k]}, name=f"{name}_patch")
+                      attributes={"kernel_shape": [k, k], "strides": [stride, stride], "pads": pads}, name=f"{name}_patch")
         self._finish(model, conv, new, [*nodes, w, new], q.inputs[2])
 
     def _as_1x1(self, model: ir.Model, conv: ir.Node, q: ir.Node) -> None:
@@ -431,10 +483,158 @@ class OutputQdq(GraphPass):
             report.changed += 1
 
 
+#: activations RKNN fuses into the Conv before it and runs in INT8 with the Conv: their output takes the
+#: Conv's output Q/DQ (HardSwish, Sigmoid, SiLU, GELU fuse too, but then run the pair in float16)
+FUSED_ACTIVATIONS = ("Relu", "Clip")
+
+
+def quantized_convs(model: ir.Model) -> list[ir.Node]:
+    """Convs whose activation and constant weight both come through DequantizeLinear, of a stride RKNN
+    compiles in INT8 (:data:`~.rknn_graph.MAX_QDQ_STRIDE`; :class:`PatchConvsInInt8` splits the others it can)."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None or conv_stride(node) > MAX_QDQ_STRIDE:
+            continue
+        w_dq = producer(node.inputs[1], "DequantizeLinear")
+        if w_dq is not None and const_array(w_dq.inputs[0]) is not None:
+            out.append(node)
+    return out
+
+
+def conv_output(conv: ir.Node) -> ir.Value:
+    """The tensor whose Q/DQ makes RKNN run ``conv`` in INT8: the output of a Relu/Clip it alone feeds
+    (fused into ``ConvRelu``/``ConvClip``), else the Conv's own output (an activation RKNN would fuse in
+    float16 then reads the DQ and runs on its own in float16)."""
+    out = conv.outputs[0]
+    uses = list(out.uses())
+    if len(uses) == 1 and uses[0][0].op_type in FUSED_ACTIVATIONS and not out.is_graph_output():
+        return uses[0][0].outputs[0]
+    return out
+
+
+def pooled_shortcut(conv: ir.Node) -> bool:
+    """The Conv's output is summed with a pooled tensor (``conv(x) + pool(x)``: EfficientFormerV2's
+    downsampling attention, a 3x3 stride-2 depthwise conv beside a 1x1 stride-2 AveragePool): RKNN 2.5.0
+    crashes on it with the Conv in INT8 (SIGILL in ``RKNNAllocateConvCachePass``, after "The
+    dimensionSize of Tensor is 0"), and compiles it with the Conv in float16."""
+    uses = list(conv.outputs[0].uses())
+    if len(uses) != 1 or uses[0][0].op_type != "Add":
+        return False
+    add = uses[0][0]
+    other = add.inputs[1] if add.inputs[0] is conv.outputs[0] else add.inputs[0]
+    return other is not None and other.producer() is not None and other.producer().op_type in ("AveragePool", "MaxPool")
+
+
+def conv_outputs_to_measure(model: ir.Model) -> list[str]:
+    """The :func:`conv_output` of each quantized Conv that no QuantizeLinear reads yet: the tensors
+    :class:`ConvOutputsQdq` adds a Q/DQ pair to, whose ranges it needs."""
+    names = []
+    for conv in quantized_convs(model):
+        if pooled_shortcut(conv):
+            continue
+        v = conv_output(conv)
+        if not any(u.op_type == "QuantizeLinear" for u, _ in v.uses()) and v.name not in names:
+            names.append(v.name)
+    return names
+
+
+def _zero_bias(model: ir.Model, conv: ir.Node) -> None:
+    """A zero float bias on a Conv without one: RKNN 2.5.0 derives the int32 scale of the bias it
+    synthesises for such a Conv from tensors it may have rewritten, and aborts (``Conv bias scale (…
+    weight_dequantized_bias_0) is empty``, SIGABRT in ``RKNNAllocateConvCachePass``: EfficientViT's
+    depthwise ``aggreg`` conv, whose input also feeds a Concat); with a zero bias it compiles."""
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
+        return
+    cout = const_array(conv.inputs[1].producer().inputs[0]).shape[0]
+    bias = new_initializer(model, f"{conv.name or conv.outputs[0].name}_zero_bias", np.zeros(cout, np.float32))
+    if len(conv.inputs) > 2:
+        conv.replace_input_with(2, bias)
+    else:
+        conv.resize_inputs(3)
+        conv.replace_input_with(2, bias)
+
+
+def _own_dq(model: ir.Model, conv: ir.Node) -> None:
+    """The Conv's activation DequantizeLinear made its own when other nodes read it too (a Concat):
+    RKNN 2.5.0 then ran EfficientViT's depthwise ``aggreg`` conv in float16 despite its Q/DQ."""
+    dq = conv.inputs[0].producer()
+    if len(list(dq.outputs[0].uses())) == 1:
+        return
+    own = ir.node("DequantizeLinear", list(dq.inputs), attributes=dict(dq.attributes), name=f"{conv.name}_own_DQ")
+    own.outputs[0].name = f"{dq.outputs[0].name}_{conv.name}"
+    own.outputs[0].shape, own.outputs[0].dtype = dq.outputs[0].shape, dq.outputs[0].dtype
+    model.graph.insert_after(dq, [own])
+    conv.replace_input_with(0, own.outputs[0])
+
+
+class ConvOutputsQdq(GraphPass):
+    """Each quantized Conv's output (after a Relu/Clip RKNN fuses into it, :func:`conv_output`) Q/DQ'd,
+    so that RKNN runs the Conv in INT8 (module docstring). Where a QuantizeLinear already reads that
+    tensor (the next op's input), its DequantizeLinear feeds the tensor's other readers too (a residual
+    Add, a Concat): RKNN then reads one int8 tensor; otherwise a new pair is added for the range measured
+    on calibration data.
+
+    Args:
+        ranges: tensor name → (lo, hi), from :func:`~.rknn_graph.output_ranges` on
+            :func:`conv_outputs_to_measure`. A tensor without one is skipped (ConvsInFloat then strips its Conv).
+        zp_dtype: the zero-point type of the file's activations.
+    """
+
+    name = "rknn_conv_outputs_qdq"
+
+    def __init__(self, ranges: Mapping[str, tuple[float, float]], zp_dtype: np.dtype = np.dtype(np.uint8)):
+        super().__init__()
+        self.ranges, self.zp_dtype = ranges, np.dtype(zp_dtype)
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for conv in quantized_convs(model):
+            if pooled_shortcut(conv):
+                report.skipped[conv.name] = "summed with a pooled shortcut, which RKNN 2.5.0 crashes on in INT8"
+                continue
+            _zero_bias(model, conv)
+            _own_dq(model, conv)
+            v = conv_output(conv)
+            uses = list(v.uses())
+            qs = [u for u, _ in uses if u.op_type == "QuantizeLinear"]
+            if uses and len(qs) == len(uses):
+                continue  # already in the INT8 layout
+            dq = next((d for q in qs for d, _ in q.outputs[0].uses() if d.op_type == "DequantizeLinear"), None)
+            if dq is not None:
+                for node, idx in uses:
+                    if node.op_type != "QuantizeLinear":
+                        node.replace_input_with(idx, dq.outputs[0])
+            elif v.name in self.ranges:
+                lo, hi = self.ranges[v.name]
+                nodes = _range_qdq(model, v, lo, hi, self.zp_dtype, f"{conv.name or v.name}_int8_out")
+                model.graph.insert_after(v.producer(), nodes)
+                nodes[-1].outputs[0].shape, nodes[-1].outputs[0].dtype = v.shape, v.dtype
+                _replace(v, nodes[-1].outputs[0])
+                nodes[0].replace_input_with(0, v)  # _replace re-pointed the new Q too
+            else:
+                report.skipped[conv.name] = "no output range"
+                continue
+            report.changed += 1
+
+
+def _float_reason(conv: ir.Node, x_dq: ir.Node | None, w_dq: ir.Node | None) -> str:
+    """Why :class:`ConvsInFloat` took a Conv's Q/DQ off (the INT8-share gate names it per node)."""
+    head = "rknn_convs_in_float took its Q/DQ off: "
+    if conv_stride(conv) > MAX_QDQ_STRIDE:
+        return head + (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, "
+                       "stride, pads and input (RKNN compiles no conv of stride above 7, rule rknn.conv_stride)")
+    if pooled_shortcut(conv):
+        return head + ("it is summed with a pooled shortcut (conv(x) + pool(x)), which RKNN 2.5.0 crashes on with the "
+                       "conv in INT8 (SIGILL in RKNNAllocateConvCachePass)")
+    if x_dq is None or w_dq is None or const_array(w_dq.inputs[0]) is None:
+        return head + "its activation or its weight is not Q/DQ'd in the quantized file (RKNN 2.5.0 runs a Conv in INT8 only with both)"
+    return head + "no calibration range was measured for its output Q/DQ (RKNN 2.5.0 runs a Conv in INT8 only with its output Q/DQ'd)"
+
+
 class ConvsInFloat(GraphPass):
-    """Q/DQ taken off every Conv whose output is not Q/DQ'd (its activation reads the float tensor, its
-    weight the dequantized values): RKNN 2.5.0 rejects a Q/DQ'd Conv it cannot run in INT8 in its bias
-    handling (``KeyError: 'x_dequantized_conv'``)."""
+    """Q/DQ taken off every Conv whose output (:func:`conv_output`) is not Q/DQ'd (its activation reads
+    the float tensor, its weight the dequantized values): RKNN 2.5.0 rejects some Q/DQ'd Convs it cannot
+    run in INT8 in its bias handling (``KeyError: 'x_dequantized_conv'``). After :class:`ConvOutputsQdq`
+    only Convs without a measured output range, or whose activation or weight is not Q/DQ'd, are left."""
 
     name = "rknn_convs_in_float"
 
@@ -443,8 +643,8 @@ class ConvsInFloat(GraphPass):
             if node.op_type != "Conv":
                 continue
             x_dq, w_dq = producer(node.inputs[0], "DequantizeLinear"), producer(node.inputs[1], "DequantizeLinear")
-            if (x_dq is None and w_dq is None) or _quantized(node.outputs[0]):
-                continue  # already float, or already in the INT8 layout (its output Q/DQ'd)
+            if (x_dq is None and w_dq is None) or (_quantized(conv_output(node)) and conv_stride(node) <= MAX_QDQ_STRIDE):
+                continue  # already float, or already in the INT8 layout (its output Q/DQ'd, a stride RKNN compiles)
             q = producer(x_dq.inputs[0], "QuantizeLinear") if x_dq is not None else None
             if x_dq is not None and q is not None:
                 node.replace_input_with(0, q.inputs[0])
@@ -457,9 +657,7 @@ class ConvsInFloat(GraphPass):
                 w = (wq.astype(np.float32) - np.reshape(wz, shape).astype(np.float32)) * np.reshape(ws, shape)
                 node.replace_input_with(1, new_initializer(model, f"{node.name}_w_float", w.astype(np.float32)))
             # said per node: the INT8-share gate names this rule as the reason RKNN runs the conv in float16
-            report.skipped[node.name] = ("rknn_convs_in_float took its Q/DQ off: RKNN 2.5.0 runs a Conv in INT8 only "
-                                         "with its output Q/DQ'd, which the qdq layout adds to Linears and patch "
-                                         "convs only")
+            report.skipped[node.name] = _float_reason(node, x_dq, w_dq)
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
 

@@ -6,8 +6,9 @@
   quantization config between them (``hybrid_quantization_step1/2``).
 - ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.rknn_qdq`): Linears as
   Q/DQ'd 1x1 Convs (outlier output channels scaled into the output range, :mod:`.rknn_outliers`),
-  patch convs split to ≤ 4x4, Q·Kᵀ scores Q/DQ'd before their scale, every quantized op's output
-  Q/DQ'd; the float forms of the ``rknn`` route too.
+  patch convs split to ≤ 4x4 and convs of stride > 7 split, Q·Kᵀ scores Q/DQ'd before their scale,
+  every quantized Conv's output Q/DQ'd (after a Relu/Clip it fuses); the float forms of the ``rknn``
+  route too (full-shape masks, 4-D Transposes, padded AveragePools that count their padding).
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ from ..graph.files import load_model, save_model
 from ..graph.passes import GraphPass
 from .rknn import RknnQuantization
 from .rknn_graph import (
-    CollapseTransposes, FullShapeMasks, Hazard, activation_zp_dtype, patch_convs, rknn_hazards,
+    CollapseTransposes, FullShapeMasks, HalvedGelus, Hazard, PaddedAvgPools, activation_zp_dtype, patch_convs, rknn_hazards, strided_convs,
 )
 from .rknn_outliers import ScaledLinearOutputs, channel_ranges
-from .rknn_qdq import BatchedProbsInFloat, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8, linear_sites, score_matmuls
+from .rknn_qdq import (
+    BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
+    conv_outputs_to_measure, linear_sites, score_matmuls,
+)
 
 __all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "vitexport_ranges", "route_quantization"]
 
@@ -44,7 +48,7 @@ def _apply(model: ir.Model, passes: Sequence[GraphPass]) -> dict:
 
 
 def _float_forms(model: ir.Model) -> dict:
-    return _apply(model, [FullShapeMasks(), CollapseTransposes()])
+    return _apply(model, [FullShapeMasks(), CollapseTransposes(), PaddedAvgPools(), HalvedGelus()])
 
 
 def float_for_rknn(fp32: str | Path, dst: str | Path) -> dict:
@@ -68,15 +72,17 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     # a Q/DQ right before Softmax crashes RKNN: scores still read by it directly stay float16
     scores = [m.outputs[0].name for m in score_matmuls(model) if next(iter(m.outputs[0].uses()))[0].op_type != "Softmax"]
     linears = [s.output.name for s in linear_sites(model)]
-    names = linears + [c.outputs[0].name for c in patch_convs(model)] + scores
+    names = linears + [c.outputs[0].name for c in patch_convs(model) + strided_convs(model)] + scores
+    names = list(dict.fromkeys(names + conv_outputs_to_measure(model)))
     # one pass over the calibration feeds: last-axis ranges, whose extremes are the tensors' ranges; a
     # Linear's outlier output channels are scaled into its output Q/DQ's range (ScaledLinearOutputs)
     per_channel = channel_ranges(model, feeds, names) if feeds is not None else {}
     ranges = ({k: (float(lo.min()), float(hi.max())) for k, (lo, hi) in per_channel.items()} if feeds is not None
               else {n: (-1.0, 1.0) for n in names})
     per_channel = {k: per_channel[k] for k in linears if k in per_channel}
-    later = _apply(model, [ScaledLinearOutputs(per_channel, ranges), PatchConvsInInt8(ranges), ConvsInFloat(), LinearsAsConv(ranges),
-                           OutputQdq({k: ranges[k] for k in scores}, activation_zp_dtype(model))])
+    zp = activation_zp_dtype(model)
+    later = _apply(model, [ScaledLinearOutputs(per_channel, ranges), PatchConvsInInt8(ranges), ConvOutputsQdq(ranges, zp),
+                           ConvsInFloat(), LinearsAsConv(ranges), OutputQdq({k: ranges[k] for k in scores}, zp)])
     later["skipped"].update(report["skipped"])
     model.metadata_props[LAYOUT_KEY] = "qdq"  # a laid-out file is not laid out twice (layout_hazards)
     return {**report, **later}
