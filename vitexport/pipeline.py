@@ -478,6 +478,12 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _profile(res: StageResult) -> dict:
+    """The quantizer's profile (seconds and ONNX Runtime runs per step) with the gate's own check, for the manifest."""
+    prof = (res.details.get("quantize") or {}).get("profile")
+    return {"profile": {**prof, "gate_seconds": round(res.parity_seconds, 3)}} if prof else {}
+
+
 def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: LoadedModel, rejected: dict | None = None) -> None:
     for name, path in write_reports(arts.out_dir, run).items():
         arts.files[name] = Path(path)
@@ -499,7 +505,7 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "stages": {s.stage: {"seconds": round(s.seconds, 4), "passed": s.passed,
                              "peak_rss_bytes": arts.stage_peak_bytes.get(s.stage),
                              # a resumed stage's seconds are its recorded run's, finished then
-                             "resumed_from": arts.resumed_from.get(s.stage)} for s in run.stages},
+                             "resumed_from": arts.resumed_from.get(s.stage), **_profile(s)} for s in run.stages},
         "reference_peak_rss_bytes": arts.stage_peak_bytes.get("reference"),
         "process_peak_rss_bytes": process_peak_bytes(),
         "skipped_stages": list(run.skipped),

@@ -39,8 +39,12 @@ def _int8(recipe: Recipe, calib_samples: int, labelled_calib: bool) -> list[str]
     if fb.enabled:
         why = "" if labelled_calib else ("; it picks them on held-out calibration samples and counts accuracy only "
                                           "when they are labelled: an .npz with 'y' as --calib")
-        out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
-                   f"(now {fb.max_float_layers}{why})")
+        if fb.max_float_layers is not None:  # a cap the recipe set; without one the fallback went as far as it helped
+            out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
+                       f"(now {fb.max_float_layers}{why})")
+        elif why:  # uncapped, it went as far as more float helped: what it cannot see is the labels
+            out.append("labelled calibration data (an .npz with 'y' as --calib): the fallback picks its float layers "
+                       "on held-out calibration samples and counts accuracy only when they are labelled")
     return out
 
 
