@@ -251,7 +251,8 @@ def run_pipeline(
         log(_stage_line(res, arts.stage_peak_bytes.get(stage.name), resumed))
         if not run.add(res):
             advice = failure_advice(res.stage, res.failed_check, recipe, calib_samples=len(calib),
-                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels))
+                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels),
+                                    quantize=_quantize_details(run, res))
             run.notes.append(f"{res.stage} failed its gate; {advice}")
             moved = _reject(arts, state, res, files, [s.name for s in stages[i + 1:]])
             _write_outputs(arts, run, recipe, model, _rejection(res, moved))
@@ -476,6 +477,11 @@ def _versions() -> dict[str, str]:
         "onnxsim": importlib.metadata.version("onnxsim"),  # its installed version: no import needed
         "numpy": np.__version__,
     }
+
+
+def _quantize_details(run: ParityRun, res: StageResult) -> dict | None:
+    """The quantize stage's details (this stage's, or the INT8 file's an engine stage was built from)."""
+    return res.details.get("quantize") or next((s.details["quantize"] for s in run.stages if "quantize" in s.details), None)
 
 
 def _profile(res: StageResult) -> dict:

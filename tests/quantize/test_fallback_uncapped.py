@@ -78,3 +78,17 @@ def test_uncapped_fallback_stops_when_more_float_does_not_help():
     assert "two steps in a row" in res.stopped
     assert model.calls <= LINEAR_STEPS + 4  # not every size up to 60
     assert res.float_nodes == []  # the fewest float nodes within 10 % of the lowest error: none bought anything
+
+
+def test_a_failed_int8_gate_says_which_layers_stayed_float_and_what_they_cost():
+    from vitexport.parity.advice import failure_advice
+    from vitexport.parity.metrics import Check
+    from vitexport.targets import load_recipe
+
+    details = {"parity": {"prediction": {"cosine_min": 0.97312}},
+               "float_fallback": [{"node": f"blocks.{i}.mlp.fc2", "macs": 10, "int8_share_cost": 0.02} for i in range(9)]}
+    text = failure_advice("quantize_int8", Check("cosine_min", 0.967, 0.98, ">=", False), load_recipe("orin"),
+                          calib_samples=128, quantize=details)
+    assert text.startswith("the fallback kept 9 layer(s) in float (blocks.0.mlp.fc2 2.0%, ")
+    assert "and 3 more; 18.0% of the GEMM/Conv MACs out of INT8) and predicted a worst cosine of 0.97312; try: " in text
+    assert "max_float_layers" not in text  # no cap by default: raising one is not the advice
