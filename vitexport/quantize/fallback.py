@@ -15,15 +15,16 @@ judged by the gate's *predicted* figures over as many samples as the gate scores
    ``max_float_layers`` is reached, when a recipe sets one; by default there is no cap); a size met
    after a jump is bisected down to the fewest nodes that meet it. Beyond :data:`LINEAR_STEPS` the search
    also stops when two steps in a row cut the predicted worst-case error ``1 − cos`` by less than
-   :data:`STALL` (more float buys nothing: the target's INT8-share gate then judges what it costs). When only the predicted top-1
-   flips miss and two more steps cut them by less than 10 % (:data:`STALL`), more float buys nothing
-   (the bench's Swin: 9 nodes, 27.9 % of MACs float for a flip rate that did not move): the search
+   :data:`STALL` and keeps the fewest nodes within it of the lowest error (more float buys nothing; the
+   target's INT8-share gate judges what the float layers cost). When only the predicted top-1 flips
+   miss and two more steps cut them by less than 10 % (:data:`STALL`), more float buys nothing (the bench's Swin: 9 nodes, 27.9 % of MACs float for a flip rate that did not move): the search
    stops and keeps the fewest nodes that reach the lowest flips (within 10 %). When the predicted flips
    are all that misses, the order is not the output error's but each node's own cut of the flips per
-   MAC (the ``max_float_layers`` most sensitive nodes tried alone once each, those cutting less than
-   10 % left out).
+   MAC (the ``max_float_layers`` most sensitive nodes, :data:`LINEAR_STEPS` without a cap, tried alone
+   once each, those cutting less than 10 % left out).
 3. *Prune*: try putting each kept node back into INT8, least sensitive first (at most
-   :data:`PRUNE_TRIES` of them); keep it INT8 if the prediction still holds. What remains is reported with what it costs (share of MACs left in float).
+   :data:`PRUNE_TRIES` of them); keep it INT8 if the prediction still holds. What remains is reported
+   with what it costs (its MACs, its share of the MACs left in float).
 """
 from __future__ import annotations
 
