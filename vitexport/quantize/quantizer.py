@@ -145,15 +145,17 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
     return res
 
 
-#: built Q/DQ models a :class:`_Builder` keeps (clones sharing the float and quantized tensors: a graph's
-#: nodes each, plus float16 copies of the few float Linears an fp16 target writes)
-_BUILT = 8
+#: the latest built Q/DQ models a :class:`_Builder` keeps, besides the one it is told to keep: clones share
+#: the float and quantized tensors, but an fp16 target's float Linears are float16 copies each (ViT-B's fc1:
+#: 4.7 MB), so an uncapped fallback's many candidates are not all kept
+_BUILT = 2
 
 
 class _Builder:
     """The Q/DQ model of a plan, exactly as it is written: conversion, then (for an fp16 target) the
     float parts in float16. The fallback's candidates and the artifact come from the same call; the
-    last :data:`_BUILT` models are kept by their quantized nodes, so the chosen one is not converted twice."""
+    last :data:`_BUILT` models and the one :meth:`keep` names (the last that passed) are kept by their
+    quantized nodes, so the chosen one is not converted twice."""
 
     def __init__(self, model: ir.Model, ranges, cache: WeightCache, float_ranges: dict[str, float] | None,
                  profile: QuantProfile | None = None):
@@ -162,9 +164,12 @@ class _Builder:
         self.islands: dict[str, str] = {}
         self.notes: list[str] = []  # what the last build did to dead channels and tiny scales
         self.built: dict[tuple[str, ...], tuple[ir.Model, dict[str, str], list[str]]] = {}
+        self.kept: tuple[tuple[str, ...], tuple[ir.Model, dict[str, str], list[str]]] | None = None
 
     def __call__(self, plan: QuantPlan) -> ir.Model:
         key = tuple(n.node for n in plan.nodes)
+        if self.kept is not None and self.kept[0] == key:
+            self.built[key] = self.kept[1]
         if key not in self.built:
             with self.profile.step("conversion"):
                 qdq = self._build(plan)
@@ -173,6 +178,11 @@ class _Builder:
                 self.built.pop(next(iter(self.built)))
         qdq, self.islands, self.notes = self.built[key]
         return qdq
+
+    def keep(self, plan: QuantPlan) -> None:
+        """Keep the model of ``plan`` (built last) until another is kept."""
+        key = tuple(n.node for n in plan.nodes)
+        self.kept = (key, self.built[key]) if key in self.built else None
 
     def _build(self, plan: QuantPlan) -> ir.Model:
         qdq, stats = convert(self.model, plan, self.ranges, self.cache)
@@ -217,7 +227,7 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
             ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
         result = first
         if not first and ranking is not None:
-            fbr = search_fallback(plan, lambda p: judge(build(p)), ranking, fb.max_float_layers, first,
+            fbr = search_fallback(plan, lambda p: _judged(p, judge, build), ranking, fb.max_float_layers, first,
                                   cheap=_sensitive_pv(model, plan, ranking))
             if fbr.float_nodes:
                 plan = plan.without(set(fbr.float_nodes))
@@ -328,6 +338,14 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
         report.notes.append(f"no node dominates the INT8 error (predicted worst cosine {first.prediction.cosine_min:.5f}; "
                             f"each alone in float: {', '.join(tried)}): all kept INT8")
     return qdq, plan, first
+
+
+def _judged(plan: QuantPlan, judge: Judge, build: _Builder) -> Verdict:
+    """The verdict on ``plan``'s model; a passing one's model is kept (the search's last pass is its pick)."""
+    verdict = judge(build(plan))
+    if verdict:
+        build.keep(plan)
+    return verdict
 
 
 def _fallback_note(fbr: FallbackResult, selection: str | None, tol) -> str:
