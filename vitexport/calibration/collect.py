@@ -4,14 +4,9 @@ The tensors are exposed as extra graph outputs of an ONNX Runtime session and co
 batch, so nothing is kept across batches. When the tensors of one batch would exceed
 ``budget_bytes`` they are observed in chunks, one session (and one pass over the data) per chunk;
 ONNX Runtime prunes the nodes a chunk does not need.
-
-The next batch runs in ONNX Runtime (which releases the GIL) while the observers digest the one
-before: on ViT-S/16 the histograms and row samples take ~20 s of a ~90 s ranges pass, time the
-session no longer waits for. Two batches' tensors are alive at a time.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Protocol
 
@@ -114,29 +109,15 @@ def collect(
     feeds = FeedSet.for_model(samples, model, batch_size)
     chunks = _chunks(names, _batch_bytes(model, names), budget_bytes)
     config = replace(LOW_MEMORY, threads=threads)
-    with progress(description, feeds.num_batches * len(chunks)) as bar, \
-            ThreadPoolExecutor(1, thread_name_prefix="vitexport-collect") as ahead:
+    with progress(description, feeds.num_batches * len(chunks)) as bar:
         for chunk in chunks:
             sess = Session(model, config, outputs=chunk)
-            pending = None
             for feed in feeds:
-                running = ahead.submit(sess.run, chunk, feed), feed_size(feed)
-                if pending is not None:
-                    _observe(chunk, pending, observers, on_run)
-                    bar.advance()
-                pending = running
-            if pending is not None:
-                _observe(chunk, pending, observers, on_run)
+                for name, value in zip(chunk, sess.run(chunk, feed)):
+                    for ob in observers[name]:
+                        ob.update(value)
+                if on_run is not None:
+                    on_run(feed_size(feed))
                 bar.advance()
             del sess
     return len(feeds)
-
-
-def _observe(chunk: list[str], pending, observers: dict[str, list[Observer]], on_run: Callable[[int], None] | None) -> None:
-    """Hand one run's tensors (``pending``: its future and sample count) to their observers."""
-    future, n = pending
-    for name, value in zip(chunk, future.result()):
-        for ob in observers[name]:
-            ob.update(value)
-    if on_run is not None:
-        on_run(n)
