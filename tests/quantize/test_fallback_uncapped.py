@@ -92,3 +92,20 @@ def test_a_failed_int8_gate_says_which_layers_stayed_float_and_what_they_cost():
     assert text.startswith("the fallback kept 9 layer(s) in float (blocks.0.mlp.fc2 2.0%, ")
     assert "and 3 more; 18.0% of the GEMM/Conv MACs out of INT8) and predicted a worst cosine of 0.97312; try: " in text
     assert "max_float_layers" not in text  # no cap by default: raising one is not the advice
+
+
+@pytest.mark.slow
+def test_on_a_real_model_the_uncapped_fallback_meets_a_budget_the_old_cap_missed(outlier_vit, tmp_path):
+    """The tiny outlier ViT, unsmoothed, at cosine 0.9999: eight float nodes in ranking order miss it; the
+    uncapped search (a jump past eight, bisection, prune) finds float nodes that meet it."""
+    from qcases import target
+
+    from vitexport.quantize import quantize_int8
+
+    tight = ("quantization.smooth=false", "parity.quantize_int8.cosine_min=0.9999")
+    capped = quantize_int8(outlier_vit.path, tmp_path / "c.onnx", outlier_vit.calib,
+                           target("orin", *tight, "quantization.fallback.max_float_layers=8"), tmp_path / "c")
+    assert not capped.budget_met and any("max_float_layers=8 reached" in n for n in capped.notes)
+    free = quantize_int8(outlier_vit.path, tmp_path / "f.onnx", outlier_vit.calib, target("orin", *tight), tmp_path / "f")
+    assert free.budget_met and free.parity["prediction"]["cosine_min"] >= 0.9999
+    assert all(f["macs"] > 0 and 0 < f["int8_share_cost"] < 1 for f in free.float_fallback)
