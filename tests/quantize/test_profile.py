@@ -42,7 +42,9 @@ def test_quantize_reports_every_step_and_reuses_the_calibration_pass_for_the_jud
     assert prof["parity"]["samples"] == n_select + calib_part  # one verdict: held-out and screened samples
     assert prof["smoothing_search"]["runs"] == prof["range_search"]["runs"] == prof["conversion"]["runs"] == 0
     assert rep.profile["runs"] == sum(s["runs"] for s in prof.values())
-    assert any("quantize profile" in r.getMessage() and "calibration" in r.getMessage() for r in caplog.records)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile: ")]
+    assert lines[0].split()[1:] == ["step", "seconds", "runs", "samples"] and lines[-1].split()[1] == "total"
+    assert any(line.split()[1] == "calibration" for line in lines)
 
 
 def test_manifest_and_reports_carry_the_profile(tiny_vit_file, tmp_path):

@@ -457,7 +457,8 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
         with prof.step("latency"):
             _latency(model, fp32_path, out_path, calib, target, report)
     report.profile = prof.to_dict()
-    log.debug("quantize profile (seconds, full-model ONNX Runtime runs, samples):\n  %s", "\n  ".join(prof.lines()))
+    for line in prof.lines():  # a record per line: every -v line on stderr starts with the time and logger
+        log.debug("profile: %s", line)
     return report
 
 
