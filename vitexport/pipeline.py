@@ -251,7 +251,8 @@ def run_pipeline(
         log(_stage_line(res, arts.stage_peak_bytes.get(stage.name), resumed))
         if not run.add(res):
             advice = failure_advice(res.stage, res.failed_check, recipe, calib_samples=len(calib),
-                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels))
+                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels),
+                                    quantize=_quantize_details(run, res))
             run.notes.append(f"{res.stage} failed its gate; {advice}")
             moved = _reject(arts, state, res, files, [s.name for s in stages[i + 1:]])
             _write_outputs(arts, run, recipe, model, _rejection(res, moved))
@@ -483,6 +484,17 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _quantize_details(run: ParityRun, res: StageResult) -> dict | None:
+    """The quantize stage's details (this stage's, or the INT8 file's an engine stage was built from)."""
+    return res.details.get("quantize") or next((s.details["quantize"] for s in run.stages if "quantize" in s.details), None)
+
+
+def _profile(res: StageResult) -> dict:
+    """The quantizer's profile (seconds and ONNX Runtime runs per step) with the gate's own check, for the manifest."""
+    prof = (res.details.get("quantize") or {}).get("profile")
+    return {"profile": {**prof, "gate_seconds": round(res.parity_seconds, 3)}} if prof else {}
+
+
 def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: LoadedModel, rejected: dict | None = None) -> None:
     for name, path in write_reports(arts.out_dir, run).items():
         arts.files[name] = Path(path)
@@ -506,7 +518,7 @@ def _write_outputs(arts: Artifacts, run: ParityRun, recipe: Recipe, model: Loade
         "stages": {s.stage: {"seconds": round(s.seconds, 4), "passed": s.passed,
                              "peak_rss_bytes": arts.stage_peak_bytes.get(s.stage),
                              # a resumed stage's seconds are its recorded run's, finished then
-                             "resumed_from": arts.resumed_from.get(s.stage)} for s in run.stages},
+                             "resumed_from": arts.resumed_from.get(s.stage), **_profile(s)} for s in run.stages},
         "reference_peak_rss_bytes": arts.stage_peak_bytes.get("reference"),
         "process_peak_rss_bytes": process_peak_bytes(),
         "skipped_stages": list(run.skipped),

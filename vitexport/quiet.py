@@ -7,6 +7,11 @@ one ``WARNING: failed to run "ScatterND" op`` per node it cannot fold (396 lines
 file descriptors 1 and 2. :func:`captured_output` points both descriptors (and ``sys.stdout`` /
 ``sys.stderr``) at a temporary file while a library call runs, then logs what it caught at DEBUG
 level under ``vitexport.thirdparty`` (``vitexport -v`` shows it) and says how much there was.
+
+transformers draws a "Loading weights" tqdm bar on stderr for every ``from_pretrained`` (and
+huggingface_hub its own bars) unless told otherwise: :func:`quiet_transformers` turns both libraries'
+bars and transformers' warnings off while a Hugging Face model loads, captures whatever they still
+print, and gives the process its settings back afterwards (an API user's own bars are theirs).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Iterator
 
-__all__ = ["Captured", "captured_output"]
+__all__ = ["Captured", "captured_output", "quiet_transformers"]
 
 _log = logging.getLogger("vitexport.thirdparty")
 
@@ -84,3 +89,27 @@ def captured_output(what: str) -> Iterator[Captured]:
             result.lines = [line.rstrip("\n") for line in tmp if line.strip()]
             for line in result.lines:
                 _log.debug("%s: %s", what, line)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[Captured]:
+    """transformers and huggingface_hub silent inside the block: progress bars off, transformers'
+    logging at errors only, anything still printed captured (:func:`captured_output`); the previous
+    settings come back when the block ends. Imports transformers: call it for ``hf:`` models only."""
+    import transformers  # the caller loads a Hugging Face model: transformers is imported already
+    from huggingface_hub import utils as hub
+
+    tlog = transformers.utils.logging
+    bars, verbosity, hub_off = tlog.is_progress_bar_enabled(), tlog.get_verbosity(), hub.are_progress_bars_disabled()
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_error()
+    hub.disable_progress_bars()
+    try:
+        with captured_output("transformers") as printed:
+            yield printed
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+        if not hub_off:
+            hub.enable_progress_bars()

@@ -364,7 +364,10 @@ class CalibrationSpec(_Spec):
 
 class FallbackSpec(_Spec):
     enabled: bool = True
-    max_float_layers: int = Field(default=8, ge=0)
+    max_float_layers: int | None = Field(
+        default=None, ge=0,
+        description="most layers the fallback keeps in float (none: no cap; the search stops when more float stops "
+                    "helping, and the target's INT8-share gate judges what the float layers cost; 0: no fallback)")
     eval_samples: int = Field(
         default=32, ge=1,
         description="calibration samples held out (never calibrated on, at most a quarter of them) on which the "

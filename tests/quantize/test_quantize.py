@@ -190,8 +190,8 @@ def test_fallback_evaluates_in_the_targets_arithmetic(vit17, tmp_path, monkeypat
     seen = []
 
     class Spy(quantizer.Judge):
-        def __init__(self, *args):
-            super().__init__(*args)
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
             seen.append(self.config.qdq_as_float)
 
     monkeypatch.setattr(quantizer, "Judge", Spy)

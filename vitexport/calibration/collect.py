@@ -8,7 +8,7 @@ ONNX Runtime prunes the nodes a chunk does not need.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import onnx_ir as ir
@@ -17,7 +17,7 @@ from ..runners.sessions import LOW_MEMORY, Session
 from ..errors import BadInput
 from ..graph.query import static_shape
 from .data import SampleSet
-from .feeds import FeedSet
+from .feeds import FeedSet, feed_size
 from .progress import progress
 
 __all__ = ["Observer", "collect", "check_samples", "DEFAULT_BUDGET"]
@@ -87,6 +87,7 @@ def collect(
     budget_bytes: int = DEFAULT_BUDGET,
     threads: int = 0,
     description: str = "calibrating",
+    on_run: Callable[[int], None] | None = None,
 ) -> int:
     """Feed each observed tensor of every batch to its observers.
 
@@ -97,6 +98,7 @@ def collect(
         batch_size: samples per run when the model's batch is dynamic.
         budget_bytes: most bytes of observed tensors fetched per run (more: one pass per chunk).
         threads: ONNX Runtime intra-op threads (0: its default).
+        on_run: called after each ``session.run`` with the samples it carried (a caller's profile).
     Returns:
         The number of samples seen.
     Raises:
@@ -114,6 +116,8 @@ def collect(
                 for name, value in zip(chunk, sess.run(chunk, feed)):
                     for ob in observers[name]:
                         ob.update(value)
+                if on_run is not None:
+                    on_run(feed_size(feed))
                 bar.advance()
             del sess
     return len(feeds)

@@ -14,13 +14,14 @@ fail when an export or a pass computes something else: ``--layers`` localises it
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 from ..recipe import PASS_STAGES, Recipe, StageName
 from .metrics import Check
 from .share import SHARE_METRICS
 from .tasks import TASK_METRICS
 
-__all__ = ["failure_advice", "accepting_limit"]
+__all__ = ["failure_advice", "accepting_limit", "fallback_clause"]
 
 #: a failed check's metric → the tolerance key that sets its limit
 _KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement",
@@ -40,8 +41,12 @@ def _int8(recipe: Recipe, calib_samples: int, labelled_calib: bool) -> list[str]
     if fb.enabled:
         why = "" if labelled_calib else ("; it picks them on held-out calibration samples and counts accuracy only "
                                           "when they are labelled: an .npz with 'y' as --calib")
-        out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
-                   f"(now {fb.max_float_layers}{why})")
+        if fb.max_float_layers is not None:  # a cap the recipe set; without one the fallback went as far as it helped
+            out.append(f"quantization.fallback.max_float_layers={max(2 * fb.max_float_layers, 4)} "
+                       f"(now {fb.max_float_layers}{why})")
+        elif why:  # uncapped, it went as far as more float helped: what it cannot see is the labels
+            out.append("labelled calibration data (an .npz with 'y' as --calib): the fallback picks its float layers "
+                       "on held-out calibration samples and counts accuracy only when they are labelled")
     return out
 
 
@@ -56,8 +61,24 @@ def accepting_limit(check: Check) -> str:
     return f"{(math.ceil(value / step) if up else math.floor(value / step)) * step:.4g}"
 
 
+def fallback_clause(quantize: Mapping[str, Any] | None) -> str:
+    """Which layers the INT8 fallback kept in float, what each costs (its share of the GEMM/Conv MACs
+    taken out of INT8) and the worst cosine it predicted, from the quantize stage's details; "" without them."""
+    if not quantize or quantize.get("parity") is None:
+        return ""
+    layers = quantize.get("float_fallback") or []
+    pred = (quantize.get("parity") or {}).get("prediction") or {}
+    kept = ", ".join(f"{f['node']} {f.get('int8_share_cost', f.get('macs_share', 0.0)):.1%}" for f in layers[:6])
+    kept += f" and {len(layers) - 6} more" if len(layers) > 6 else ""
+    total = sum(f.get("int8_share_cost", f.get("macs_share", 0.0)) for f in layers)
+    what = (f"the fallback kept {len(layers)} layer(s) in float ({kept}; {total:.1%} of the GEMM/Conv MACs out of INT8)"
+            if layers else "the fallback kept no layer in float")
+    return what + (f" and predicted a worst cosine of {pred['cosine_min']:.5f}" if "cosine_min" in pred else "")
+
+
 def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_samples: int,
-                   labelled_calib: bool = False, labelled: int | None = None) -> str:
+                   labelled_calib: bool = False, labelled: int | None = None,
+                   quantize: Mapping[str, Any] | None = None) -> str:
     """One clause, ``try: …``, naming the recipe keys that can make ``stage`` pass.
 
     Args:
@@ -67,6 +88,7 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
         calib_samples: calibration samples the run used (at most ``calibration.num_samples``).
         labelled_calib: whether they carry labels.
         labelled: labelled parity samples, to say how many an ``accuracy_drop`` lost.
+        quantize: the quantize stage's details (:func:`fallback_clause` says which layers stayed float).
     Returns:
         The advice, e.g. ``"2 of 400 labelled samples lost; try: calibration.num_samples=256 (…), …"``.
     """
@@ -78,6 +100,8 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
         lost, steps = f"{check.why}; " if check.why else "", list(check.hints or [])
     elif stage in _INT8_STAGES:
         steps = _int8(recipe, calib_samples, labelled_calib)
+        clause = fallback_clause(quantize)
+        lost = f"{clause}; {lost}" if clause else lost
     elif stage in PASS_STAGES:
         steps = [f"stages.{stage}.enabled=false (export without this rewrite)", "--layers to find the first block "
                  "that diverges"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -35,6 +35,7 @@ from .rounding import gptq_round
 from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
+from .profile import QuantProfile
 from .spec import NodeKind, NodeSpec, QuantPlan
 
 if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
@@ -69,6 +70,9 @@ class CalibrationResult:
     reused: bool = False
     #: weight initializer → (int8 weights in its own layout, per-channel scale) chosen by GPTQ
     rounded: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: the (smoothed) float model's primary output on the first samples of the ranges pass (``keep_outputs``
+    #: of :func:`calibrate`): the judge's reference on its screen, without a pass of its own
+    outputs: np.ndarray | None = None
 
 
 def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, Any]:
@@ -106,13 +110,14 @@ class _Stats:
     few_rows: set[str] = field(default_factory=set)  # enough images, fewer than MIN_STAT_ROWS rows
 
 
-def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> _Stats:
+def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile) -> _Stats:
     cal, q = recipe.calibration, recipe.quantization
     tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
     obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
-    n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
-                budget_bytes=cal.memory_budget_mb << 20, description="activation statistics")
+    with prof.step("calibration"):
+        n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
+                    budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
     return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok), few)
@@ -190,16 +195,51 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
     return out
 
 
+class _FirstRows:
+    """Keeps the first ``n`` rows an observed tensor takes (the model's output on the first samples)."""
+
+    def __init__(self, n: int):
+        self.n, self.parts, self.seen = n, [], 0
+
+    def update(self, x: np.ndarray) -> None:
+        if self.seen < self.n:
+            self.parts.append(np.array(x[: self.n - self.seen], np.float32))
+            self.seen += len(self.parts[-1])
+
+    def rows(self) -> np.ndarray | None:
+        return np.concatenate(self.parts) if self.seen >= self.n and self.parts else None
+
+
+def _primary_output(model: ir.Model) -> str:
+    """The output the judge steers by (:func:`~.judge.primary_index`: ``logits`` among several, else the first)."""
+    names = [v.name for v in model.graph.outputs]
+    return "logits" if "logits" in names else names[0]
+
+
 def _ranges(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
-            rows: dict, res: CalibrationResult) -> None:
+            rows: dict, res: CalibrationResult, prof: QuantProfile, keep_outputs: int = 0) -> None:
     cal = recipe.calibration
     tensors = plan.tensors()
     method = cal.method
-    observers = {t: [make_observer(CalibrationMethod.percentile if method is CalibrationMethod.auto else method, cal.num_bins)]
-                 for t in tensors}
+    observers: dict[str, list] = {
+        t: [make_observer(CalibrationMethod.percentile if method is CalibrationMethod.auto else method, cal.num_bins)]
+        for t in tensors}
+    head = _FirstRows(min(keep_outputs, len(samples))) if keep_outputs > 0 else None
+    if head is not None:  # the judge's float reference on its screen comes with this pass, not a pass of its own
+        observers.setdefault(_primary_output(model), []).append(head)
     log.debug("calibrating %d tensor(s) with %s", len(tensors), method.value)
-    res.table.num_samples = collect(model, samples, observers, batch_size=cal.batch_size,
-                                    budget_bytes=cal.memory_budget_mb << 20, description=f"calibrating ({method.value})")
+    with prof.step("calibration"):
+        res.table.num_samples = collect(model, samples, observers, batch_size=cal.batch_size, on_run=prof.ran,
+                                        budget_bytes=cal.memory_budget_mb << 20, description=f"calibrating ({method.value})")
+    res.outputs = head.rows() if head is not None else None
+    with prof.step("range_search"):
+        _choose_ranges(model, target, tensors, observers, recipe, rows, res)
+
+
+def _choose_ranges(model: ir.Model, target: Target, tensors: list[str], observers: dict, recipe: Recipe,
+                   rows: dict, res: CalibrationResult) -> None:
+    """Each tensor's range from its histogram (``auto``: the candidate with the least Linear output error)."""
+    cal, method = recipe.calibration, recipe.calibration.method
     values = ir.convenience.create_value_mapping(model.graph)
     arith, chosen = arith_of(target), {}
     for t in tensors:
@@ -258,24 +298,32 @@ def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: Cal
     return q.astype(np.float32) * scale.reshape(1, -1)
 
 
-def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe) -> CalibrationResult:
+def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleSet, recipe: Recipe,
+              profile: QuantProfile | None = None, keep_outputs: int = 0) -> CalibrationResult:
     """Smooth ``model`` in place (when the recipe says so) and calibrate the plan's activations.
 
+    Args:
+        profile: where the steps' seconds and ONNX Runtime runs are counted.
+        keep_outputs: keep the smoothed model's primary output on this many first samples of the
+            ranges pass (``result.outputs``; 0: none).
     Returns:
         The result; ``result.plan`` is the plan of the smoothed model (weights may be renamed).
     """
+    prof = profile if profile is not None else QuantProfile()
     cal, q = recipe.calibration, recipe.quantization
     table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
     res = CalibrationResult(table, plan)
     needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
-    stats = _statistics(model, plan, samples, recipe) if needs_stats and _linears(plan) else _Stats({}, {})
+    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and _linears(plan) else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
     if q.smooth:
-        factors = _smooth(model, target, plan, stats, recipe, res)
-        res.plan = target.annotate(model)
+        with prof.step("smoothing_search"):
+            factors = _smooth(model, target, plan, stats, recipe, res)
+            res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats, factors, plan)
-    _ranges(model, target, res.plan, samples, recipe, rows, res)
-    _bias(target, rows, res, q.bias_correction, q.weight_rounding)
+    _ranges(model, target, res.plan, samples, recipe, rows, res, prof, keep_outputs)
+    with prof.step("range_search"):
+        _bias(target, rows, res, q.bias_correction, q.weight_rounding)
     _keep_zero_ranges_float(res, target)
     return res
 
@@ -337,7 +385,8 @@ def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, ke
     return res
 
 
-def observe_absmax(model: ir.Model, samples: SampleSet, recipe: Recipe) -> dict[str, float]:
+def observe_absmax(model: ir.Model, samples: SampleSet, recipe: Recipe,
+                   on_run: Callable[[int], None] | None = None) -> dict[str, float]:
     """Largest |value| of every float tensor the graph computes (and of its float inputs) on
     ``samples``: the evidence that decides which parts of an FP16 model stay FP32."""
     cal = recipe.calibration
@@ -346,7 +395,7 @@ def observe_absmax(model: ir.Model, samples: SampleSet, recipe: Recipe) -> dict[
     observers = {t: [MinMaxObserver()] for t in dict.fromkeys(names)}
     log.debug("float16 evidence: ranges of %d tensor(s) on %d sample(s)", len(observers), len(samples))
     collect(model, samples, observers, batch_size=cal.batch_size, budget_bytes=cal.memory_budget_mb << 20,
-            description="float16 ranges")
+            description="float16 ranges", on_run=on_run)
     out = {}
     for t, (ob,) in observers.items():
         if ob.count:

@@ -10,36 +10,50 @@ judged by the gate's *predicted* figures over as many samples as the gate scores
    on its true float inputs with and without Q/DQ; the score is the relative error it adds
    (noise / signal power of its output). attn·V (both inputs quantized) is a node like any other:
    keeping it float is one candidate, with its MACs as its cost.
-2. *Grow*: keep the k most sensitive nodes in float for k = 1, 2, … until the whole model is
-   predicted to meet the budget (or ``max_float_layers`` is reached). When only the predicted top-1
-   flips miss and two more steps cut them by less than 10 % (:data:`STALL`), more float buys nothing
-   (the bench's Swin: 9 nodes, 27.9 % of MACs float for a flip rate that did not move): the search
+2. *Grow*: keep the k most sensitive nodes in float for k = 1, 2, … :data:`LINEAR_STEPS`, then k grows
+   by half again per step (12, 18, 27, …), until the whole model is predicted to meet the budget (or
+   ``max_float_layers`` is reached, when a recipe sets one; by default there is no cap); a size met
+   after a jump is bisected down to the fewest nodes that meet it. Beyond :data:`LINEAR_STEPS` the search
+   also stops when two steps in a row cut the predicted worst-case error ``1 − cos`` by less than
+   :data:`STALL` and keeps the fewest nodes within it of the lowest error (more float buys nothing; the
+   target's INT8-share gate judges what the float layers cost). When only the predicted top-1 flips
+   miss and two more steps cut them by less than 10 % (:data:`STALL`), more float buys nothing (the bench's Swin: 9 nodes, 27.9 % of MACs float for a flip rate that did not move): the search
    stops and keeps the fewest nodes that reach the lowest flips (within 10 %). When the predicted flips
    are all that misses, the order is not the output error's but each node's own cut of the flips per
-   MAC (the ``max_float_layers`` most sensitive nodes tried alone once each, those cutting less than
-   10 % left out).
-3. *Prune*: try putting each kept node back into INT8, least sensitive first; keep it INT8 if the
-   prediction still holds. What remains is reported with what it costs (share of MACs left in float).
+   MAC (the ``max_float_layers`` most sensitive nodes, :data:`LINEAR_STEPS` without a cap, tried alone
+   once each, those cutting less than 10 % left out).
+3. *Prune*: try putting each kept node back into INT8, least sensitive first (at most
+   :data:`PRUNE_TRIES` of them); keep it INT8 if the prediction still holds. What remains is reported
+   with what it costs (its MACs, its share of the MACs left in float).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from ..calibration.feeds import FeedSet
+from ..calibration.feeds import FeedSet, feed_size
 from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..graph.query import const_array
 from .convert import WeightCache, convert
 from .judge import Verdict
 from .spec import NodeSpec, QuantPlan
 
-__all__ = ["rank_sensitivity", "FallbackResult", "search_fallback", "STALL"]
+__all__ = ["rank_sensitivity", "FallbackResult", "search_fallback", "STALL", "LINEAR_STEPS", "PRUNE_TRIES", "step_sizes"]
 
-#: a step that cuts the predicted flip rate by less than this share is no progress
+#: a step that cuts the predicted flip rate (or, beyond :data:`LINEAR_STEPS`, the predicted worst-case
+#: error 1 − cos) by less than this share is no progress
 STALL = 0.1
+#: the search grows one node per step up to this many float nodes (the former fixed cap: every choice
+#: it made is made the same way), then by :data:`GROWTH` per step: a ViT-B's 98 quantized nodes take at
+#: most 8 + 6 steps, and a bisection after the step that meets the budget
+LINEAR_STEPS = 8
+GROWTH = 1.5
+#: a prune tries at most this many kept nodes back in INT8 (one verdict each, least sensitive first)
+PRUNE_TRIES = 8
 _FLIP_CHECK = "predicted accuracy_drop"
 
 
@@ -66,14 +80,18 @@ def _one_node_model(model: ir.Model, node: ir.Node, acts: list[str]) -> ir.Model
 
 
 def rank_sensitivity(model: ir.Model, plan: QuantPlan, ranges: Mapping[str, Mapping[str, float]], feeds: FeedSet,
-                     config: SessionConfig, cache: WeightCache) -> list[tuple[str, float]]:
-    """(node name, relative error its own quantization adds), most sensitive first."""
+                     config: SessionConfig, cache: WeightCache,
+                     on_run: Callable[[int], None] | None = None) -> list[tuple[str, float]]:
+    """(node name, relative error its own quantization adds), most sensitive first; ``on_run`` counts
+    the full-model runs (the one-node models' runs are not)."""
     tensors = plan.tensors()
     sess = Session(model, LOW_MEMORY, outputs=tensors)
     values: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
     for f in feeds:
         for t, v in zip(tensors, sess.run(tensors, f)):
             values[t].append(v)
+        if on_run is not None:
+            on_run(feed_size(f))
     del sess
     nodes = {n.name: n for n in model.graph}
     scores = [(spec.node, _node_error(model, nodes[spec.node], spec, plan, ranges, values, config, cache))
@@ -110,17 +128,31 @@ class FallbackResult:
     met: bool
     macs_float_share: float
     per_node: list[dict] = field(default_factory=list)
+    #: why the search stopped short of the budget ("" when it met it or tried every size)
+    stopped: str = ""
+
+
+def step_sizes(n: int, cap: int | None) -> list[int]:
+    """How many of the ``n`` ranked nodes each growth step keeps float: 1 … :data:`LINEAR_STEPS`, then
+    half again per step, never past ``cap`` (None: no cap) or ``n``; the last size is the limit."""
+    limit = n if cap is None else min(cap, n)
+    sizes = list(range(1, min(LINEAR_STEPS, limit) + 1))
+    k = sizes[-1] if sizes else 0
+    while k < limit:
+        k = min(limit, max(k + 1, math.ceil(k * GROWTH)))
+        sizes.append(k)
+    return sizes
 
 
 def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], ranking: list[tuple[str, float]],
-                    max_float: int, first: Verdict, cheap: Sequence[str] = ()) -> FallbackResult:
+                    max_float: int | None, first: Verdict, cheap: Sequence[str] = ()) -> FallbackResult:
     """Grow then prune the set of float nodes (see the module docstring), cheapest first.
 
     Args:
         plan: the full plan.
         check: builds the Q/DQ model of a plan and judges it (:class:`~.judge.Judge`).
         ranking: nodes, most sensitive first.
-        max_float: most nodes kept in float, besides ``cheap``.
+        max_float: most nodes kept in float, besides ``cheap`` (None: no cap; the stall rule ends the search).
         first: the full plan's verdict.
         cheap: nodes tried first, as one step (attn·V: a few per cent of the MACs), before any Linear.
     """
@@ -134,14 +166,15 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
 
     group = [n for n in cheap if plan.node(n) is not None]
     order = [n for n, _ in ranking if n not in group]
-    steps = ([group] if group else []) + [group + order[:k] for k in range(1, min(max_float, len(order)) + 1)]
+    steps = ([group] if group else []) + [group + order[:k] for k in step_sizes(len(order), max_float)]
     if not first and first.failing() == {_FLIP_CHECK} and first.flips:
-        # only the flips miss: grow by what cuts them, per MAC, not by the output error
-        group, order = [], _flip_order(plan, judged, order[:max_float], first)
+        # only the flips miss: grow by what cuts them, per MAC, not by the output error (each candidate
+        # costs a verdict alone: at most LINEAR_STEPS of them without a cap)
+        group, order = [], _flip_order(plan, judged, order[:LINEAR_STEPS if max_float is None else max_float], first)
         steps = [order[:k] for k in range(1, len(order) + 1)]
     met = bool(first)
     best: tuple[list[str], Verdict] = ([], first)
-    tried, stalled = [best], False
+    tried, stalled, stopped = [best], False, ""
     for step in steps if not met else ():
         res = judged(step)
         tried.append((step, res))
@@ -149,15 +182,51 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
             best = (step, res)
         if res:
             met = True
+            best = _bisect(judged, group, order, tried, best)
             break
         if _flips_stalled(tried):
             best, stalled = _fewest_at_lowest_flips(tried), True
+            stopped = f"the predicted flips fell by less than {STALL:.0%} over two steps"
             break
+        if _error_stalled(tried, len(group)):
+            best = _fewest_at_lowest_error(tried)
+            stopped = (f"tried up to {len(step)} float node(s): two steps in a row cut the predicted error 1 − cos by "
+                       f"less than {STALL:.0%}")
+            break
+    if not met and not stopped and max_float is not None and len(order) > max_float and tried[-1][0]:
+        stopped = f"quantization.fallback.max_float_layers={max_float} reached"
     if met or (stalled and best[0]):
         # stalled: a node goes back to INT8 if all but the flip check still pass and the flips stay as low
         limit = None if met else best[1].flips / (1.0 - STALL)
         best, _ = _prune(plan, judged, best, group, limit)
-    return _result(plan, ranking, first, best, len(memo), met)
+    out = _result(plan, ranking, first, best, len(memo), met)
+    out.stopped = stopped
+    return out
+
+
+def _bisect(judged: Callable[[Sequence[str]], Verdict], group: list[str], order: list[str],
+            tried: list[tuple[list[str], Verdict]], best: tuple[list[str], Verdict]) -> tuple[list[str], Verdict]:
+    """After a jump (more than one node added by the step that met the budget), the fewest of the
+    ranked nodes that still meet it, by bisection between the last size that missed and the one that met."""
+    hi = len(best[0]) - len(group)
+    lo = len(tried[-2][0]) - len(group) if len(tried) >= 2 else 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        res = judged(group + order[:mid])
+        if res:
+            hi, best = mid, (group + order[:mid], res)
+        else:
+            lo = mid
+    return best
+
+
+def _error_stalled(tried: list[tuple[list[str], Verdict]], group: int) -> bool:
+    """Beyond :data:`LINEAR_STEPS` ranked nodes: the last two steps each cut the predicted worst-case
+    error ``1 − cos`` by less than :data:`STALL` against the best step before them."""
+    if len(tried) < 4 or any(len(s) - group <= LINEAR_STEPS for s, _ in tried[-2:]):
+        return False
+    earlier = min(1.0 - r.prediction.cosine_min for _, r in tried[:-2])
+    return all(1.0 - r.prediction.cosine_min > (1.0 - STALL) * earlier for _, r in tried[-2:])
 
 
 def _flip_order(plan: QuantPlan, judged: Callable[[Sequence[str]], Verdict], candidates: Sequence[str],
@@ -187,6 +256,15 @@ def _fewest_at_lowest_flips(tried: list[tuple[list[str], Verdict]]) -> tuple[lis
     return next((s, r) for s, r in pool if r.flips <= low / (1.0 - STALL))
 
 
+def _fewest_at_lowest_error(tried: list[tuple[list[str], Verdict]]) -> tuple[list[str], Verdict]:
+    """The first step (fewest float nodes) with the most checks met and a predicted error 1 − cos within
+    :data:`STALL` of the lowest: float nodes that bought nothing are not kept."""
+    most = max(len(r.checks) - len(r.failing()) for _, r in tried)
+    pool = [(s, r) for s, r in tried if len(r.checks) - len(r.failing()) == most]
+    low = min(1.0 - r.prediction.cosine_min for _, r in pool)
+    return next((s, r) for s, r in pool if 1.0 - r.prediction.cosine_min <= low / (1.0 - STALL))
+
+
 def _prune(plan: QuantPlan, check: Callable[[Sequence[str]], Verdict], best: tuple[list[str], Verdict],
            group: list[str], flips_limit: float | None = None) -> tuple[tuple[list[str], Verdict], int]:
     """Put kept nodes back into INT8 while the verdict holds: the cheap group as a whole, then each other
@@ -194,7 +272,7 @@ def _prune(plan: QuantPlan, check: Callable[[Sequence[str]], Verdict], best: tup
     only that check fails and its flips stay at most this."""
     kept, evaluations = list(best[0]), 0
     trials = ([group] if group and set(group) <= set(kept) and len(kept) > len(group) else [])
-    trials += [[n] for n in reversed(kept) if n not in group] if len(kept) > 1 else []
+    trials += [[n] for n in reversed(kept) if n not in group][:PRUNE_TRIES] if len(kept) > 1 else []
     for drop in trials:
         trial = [n for n in kept if n not in drop]
         res = check(trial)
@@ -210,6 +288,7 @@ def _result(plan: QuantPlan, ranking: list[tuple[str, float]], first: Verdict, b
     total = plan.total_macs or 1
     macs = {n.node: n.macs for n in plan.nodes}
     sens = dict(ranking)
-    per_node = [{"node": n, "sensitivity": float(sens.get(n, 0.0)), "macs_share": macs.get(n, 0) / total} for n in best[0]]
+    per_node = [{"node": n, "sensitivity": float(sens.get(n, 0.0)), "macs": int(macs.get(n, 0)),
+                 "macs_share": macs.get(n, 0) / total} for n in best[0]]
     return FallbackResult(list(best[0]), first, best[1], ranking, evaluations, met,
                           sum(macs.get(n, 0) for n in best[0]) / total, per_node)

@@ -10,6 +10,7 @@ when both say so: the selection's minimum alone is not a prediction of the gate'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -18,9 +19,10 @@ from ..calibration.feeds import FeedSet
 from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..parity.metrics import CompareResult, compare
 from ..recipe import Tolerance
+from .profile import QuantProfile
 from .tail import GateInfo, Prediction, predict
 
-__all__ = ["Verdict", "Judge", "run_outputs", "primary_index"]
+__all__ = ["Verdict", "Judge", "judge_outputs", "run_outputs", "primary_index"]
 
 
 def primary_index(names: list[str]) -> int:
@@ -29,13 +31,23 @@ def primary_index(names: list[str]) -> int:
     return names.index("logits") if "logits" in names else 0
 
 
-def run_outputs(model: ir.Model, feeds: FeedSet, config: SessionConfig = LOW_MEMORY) -> np.ndarray:
+def _primary(sess: Session, feeds: FeedSet, i: int, on_run: Callable[[int], None] | None) -> np.ndarray:
+    """Output ``i`` of ``sess`` over ``feeds`` (padding trimmed), float32; ``on_run`` counts each run."""
+    out = []
+    for f in feeds:
+        out.append(sess.run(None, f)[i])
+        if on_run is not None:
+            on_run(len(out[-1]))
+    return feeds.trim(np.concatenate(out, axis=0)).astype(np.float32)
+
+
+def run_outputs(model: ir.Model, feeds: FeedSet, config: SessionConfig = LOW_MEMORY,
+                on_run: Callable[[int], None] | None = None) -> np.ndarray:
     """The model's primary output (:func:`primary_index`) over ``feeds`` (padding trimmed), float32."""
     sess = Session(model, config)
-    i = primary_index(sess.output_names)
-    out = [sess.run(None, f)[i] for f in feeds]
+    out = _primary(sess, feeds, primary_index(sess.output_names), on_run)
     del sess
-    return feeds.trim(np.concatenate(out, axis=0)).astype(np.float32)
+    return out
 
 
 @dataclass
@@ -78,13 +90,21 @@ class Judge:
         select: held-out selection feeds; ``screen``: calibration feeds (may be empty).
         tolerance: the gate's tolerance; ``gate``: what the gate will score.
         config: the target's arithmetic.
+        profile: counts the judge's ONNX Runtime runs (its reference under its own step).
+        screen_ref: the float model's primary output on ``screen`` when the caller has it (calibration
+            kept it from its ranges pass): not computed again.
     """
 
     def __init__(self, model: ir.Model, select: FeedSet, screen: FeedSet | None, tolerance: Tolerance, gate: GateInfo,
-                 config: SessionConfig):
+                 config: SessionConfig, profile: QuantProfile | None = None, screen_ref: np.ndarray | None = None):
         self.select, self.screen, self.tol, self.gate, self.config = select, screen, tolerance, gate, config
-        self.ref_sel = run_outputs(model, select, LOW_MEMORY)
-        self.ref_scr = run_outputs(model, screen, LOW_MEMORY) if screen is not None and len(screen) else None
+        self.profile = profile if profile is not None else QuantProfile()
+        with self.profile.step("reference"):
+            self.ref_sel = run_outputs(model, select, LOW_MEMORY, self.profile.ran)
+            self.ref_scr = None
+            if screen is not None and len(screen):
+                fits = screen_ref is not None and len(screen_ref) == len(screen)
+                self.ref_scr = screen_ref if fits else run_outputs(model, screen, LOW_MEMORY, self.profile.ran)
         self.evaluations = 0
 
     @property
@@ -98,20 +118,33 @@ class Judge:
         self.evaluations += 1
         sess = Session(qdq, self.config)
         i = primary_index(sess.output_names)
-        out_sel = self.select.trim(np.concatenate([sess.run(None, f)[i] for f in self.select])).astype(np.float32)
-        out_scr = None
-        if self.ref_scr is not None:
-            out_scr = self.screen.trim(np.concatenate([sess.run(None, f)[i] for f in self.screen])).astype(np.float32)
+        out_sel = _primary(sess, self.select, i, self.profile.ran)
+        out_scr = None if self.ref_scr is None else _primary(sess, self.screen, i, self.profile.ran)
         del sess
-        ref = self.ref_sel.reshape(out_sel.shape) if self.ref_sel.size == out_sel.size else self.ref_sel
-        sel = compare(ref, out_sel, self.tol, labels=self.select.labels)
-        pred = predict((ref, out_sel), None if out_scr is None else (self.ref_scr.reshape(out_scr.shape), out_scr),
-                       self.gate.samples)
-        checks = {"selection": bool(sel)}
-        if self.tol.cosine_min is not None:
-            checks["predicted cosine_min"] = pred.cosine_min >= self.tol.cosine_min
-        if self.gate.labelled and self.tol.accuracy_drop is not None and pred.flip_rate_upper is not None:
-            # the gate counts lost samples: the count it exceeds with probability FLIP_MISS must be allowed
-            allowed = self.gate.allowed_lost(self.tol.accuracy_drop)
-            checks["predicted accuracy_drop"] = self.gate.lost_quantile(pred.flip_rate_upper) <= allowed
-        return Verdict(sel, pred, checks)
+        ref_scr = None if out_scr is None else self.ref_scr.reshape(out_scr.shape)
+        return judge_outputs((self.ref_sel, out_sel), None if out_scr is None else (ref_scr, out_scr), self.tol, self.gate,
+                             self.select.labels)
+
+
+def judge_outputs(selection: tuple[np.ndarray, np.ndarray], screen: tuple[np.ndarray, np.ndarray] | None,
+                  tolerance: Tolerance, gate: GateInfo, labels: np.ndarray | None = None) -> Verdict:
+    """The verdict on a candidate's outputs: the gate's comparison on the selection samples, and the
+    prediction of the gate's figures from both sets.
+
+    Args:
+        selection: (float reference, candidate) primary outputs on the held-out selection samples.
+        screen: the same on the screened calibration samples (or None).
+        tolerance: the gate's tolerance; ``gate``: what the gate will score; ``labels``: the selection's.
+    """
+    ref_sel, out_sel = selection
+    ref = ref_sel.reshape(out_sel.shape) if ref_sel.size == out_sel.size else ref_sel
+    sel = compare(ref, out_sel, tolerance, labels=labels)
+    pred = predict((ref, out_sel), screen, gate.samples)
+    checks = {"selection": bool(sel)}
+    if tolerance.cosine_min is not None:
+        checks["predicted cosine_min"] = pred.cosine_min >= tolerance.cosine_min
+    if gate.labelled and tolerance.accuracy_drop is not None and pred.flip_rate_upper is not None:
+        # the gate counts lost samples: the count it exceeds with probability FLIP_MISS must be allowed
+        allowed = gate.allowed_lost(tolerance.accuracy_drop)
+        checks["predicted accuracy_drop"] = gate.lost_quantile(pred.flip_rate_upper) <= allowed
+    return Verdict(sel, pred, checks)

@@ -26,9 +26,10 @@ from ..recipe import Recipe
 from .annotate import attention_role
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
-from .fallback import rank_sensitivity, search_fallback
+from .fallback import FallbackResult, rank_sensitivity, search_fallback
 from .judge import Judge, Verdict
 from .precision import Float16Islands, precision_summary, to_opset
+from .profile import QuantProfile
 from .spec import NodeKind, QuantPlan
 from .tail import GateInfo
 
@@ -88,6 +89,8 @@ class QuantReport(BaseModel):
     attention: dict[str, Any] = Field(default_factory=dict)
     latency: dict[str, float] | None = None
     latency_ratio: float | None = None
+    #: seconds and full-model ONNX Runtime runs per step (:class:`~.profile.QuantProfile`)
+    profile: dict[str, Any] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     artifacts: dict[str, str] = Field(default_factory=dict)
 
@@ -117,8 +120,10 @@ def prepare_model(path: Path, target: Target) -> ir.Model:
 
 
 def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, calib: SampleSet,
-            recipe: Recipe, work_dir: Path, holdout: int, report: QuantReport) -> CalibrationResult:
-    """A cached table that fits, else a fresh calibration (saved as ``calibration.json``)."""
+            recipe: Recipe, work_dir: Path, holdout: int, report: QuantReport, prof: QuantProfile,
+            keep_outputs: int = 0) -> CalibrationResult:
+    """A cached table that fits, else a fresh calibration (saved as ``calibration.json``), which also
+    keeps the float model's output on the first ``keep_outputs`` samples (the judge's screen)."""
     cal = recipe.calibration
     key = {"model_hash": sha256_file(fp32_path), "data_hash": calib.fingerprint(), "method": cal.method.value,
            "settings": table_settings(recipe, target, holdout)}
@@ -127,9 +132,11 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
     reusable = cal.reuse and recipe.quantization.weight_rounding == "nearest"
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
-        res = calibrate(model, target, plan, calib, recipe)
+        res = calibrate(model, target, plan, calib, recipe, prof, keep_outputs)
         if target.high_precision() == "fp16" and res.plan.nodes:
-            res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe)
+            with prof.step("calibration"):
+                res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe,
+                                                        on_run=prof.ran)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
@@ -138,16 +145,46 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
     return res
 
 
+#: the latest built Q/DQ models a :class:`_Builder` keeps, besides the one it is told to keep: clones share
+#: the float and quantized tensors, but an fp16 target's float Linears are float16 copies each (ViT-B's fc1:
+#: 4.7 MB), so an uncapped fallback's many candidates are not all kept
+_BUILT = 2
+
+
 class _Builder:
     """The Q/DQ model of a plan, exactly as it is written: conversion, then (for an fp16 target) the
-    float parts in float16. The fallback's candidates and the artifact come from the same call."""
+    float parts in float16. The fallback's candidates and the artifact come from the same call; the
+    last :data:`_BUILT` models and the one :meth:`keep` names (the last that passed) are kept by their
+    quantized nodes, so the chosen one is not converted twice."""
 
-    def __init__(self, model: ir.Model, ranges, cache: WeightCache, float_ranges: dict[str, float] | None):
+    def __init__(self, model: ir.Model, ranges, cache: WeightCache, float_ranges: dict[str, float] | None,
+                 profile: QuantProfile | None = None):
         self.model, self.ranges, self.cache, self.float_ranges = model, ranges, cache, float_ranges
+        self.profile = profile if profile is not None else QuantProfile()
         self.islands: dict[str, str] = {}
         self.notes: list[str] = []  # what the last build did to dead channels and tiny scales
+        self.built: dict[tuple[str, ...], tuple[ir.Model, dict[str, str], list[str]]] = {}
+        self.kept: tuple[tuple[str, ...], tuple[ir.Model, dict[str, str], list[str]]] | None = None
 
     def __call__(self, plan: QuantPlan) -> ir.Model:
+        key = tuple(n.node for n in plan.nodes)
+        if self.kept is not None and self.kept[0] == key:
+            self.built[key] = self.kept[1]
+        if key not in self.built:
+            with self.profile.step("conversion"):
+                qdq = self._build(plan)
+            self.built[key] = (qdq, self.islands, self.notes)
+            while len(self.built) > _BUILT:
+                self.built.pop(next(iter(self.built)))
+        qdq, self.islands, self.notes = self.built[key]
+        return qdq
+
+    def keep(self, plan: QuantPlan) -> None:
+        """Keep the model of ``plan`` (built last) until another is kept."""
+        key = tuple(n.node for n in plan.nodes)
+        self.kept = (key, self.built[key]) if key in self.built else None
+
+    def _build(self, plan: QuantPlan) -> ir.Model:
         qdq, stats = convert(self.model, plan, self.ranges, self.cache)
         self.notes = [f"{stats.dead_channels} weight channel(s) are all zero (dead): quantized exactly with the "
                       "least scale"] if stats.dead_channels else []
@@ -158,41 +195,48 @@ class _Builder:
         return qdq
 
 
+def _fallback_enabled(recipe: Recipe) -> bool:
+    """A fallback that may keep layers in float (``max_float_layers`` None: no cap)."""
+    fb = recipe.quantization.fallback
+    return fb.enabled and (fb.max_float_layers is None or fb.max_float_layers > 0)
+
+
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
               target: Target, recipe: Recipe, build: _Builder, report: QuantReport,
-              gate: GateInfo) -> tuple[ir.Model, QuantPlan]:
-    """Judge the INT8 model by the gate's predicted figures; keep layers in float until they pass."""
+              gate: GateInfo, screen_ref: np.ndarray | None = None) -> tuple[ir.Model, QuantPlan]:
+    """Judge the INT8 model by the gate's predicted figures; keep layers in float until they pass.
+    ``screen_ref``: the float model's output on the screen samples, when calibration kept it."""
     tol, fb, bs = recipe.tolerance("quantize_int8"), recipe.quantization.fallback, recipe.calibration.batch_size
+    prof = build.profile
     n_screen = screen_size(fb.screen_samples, plan.total_macs)
     screen = calib.head(n_screen) if n_screen > 0 else None
     judge = Judge(model, FeedSet.for_model(select, model, bs), None if screen is None else FeedSet.for_model(screen, model, bs),
-                  tol, gate, target.gate_config)
-    first = judge(qdq)
+                  tol, gate, target.gate_config, profile=prof, screen_ref=screen_ref)
+    with prof.step("parity"):
+        first = judge(qdq)
     report.selection = judge.description
     report.parity_before_fallback = first.to_dict()
-    if fb.enabled:
-        qdq, plan, first = _probe_pv(model, qdq, plan, first, judge, build, report)
     ranking = None
-    if fb.enabled and fb.max_float_layers > 0:
-        sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, bs)
-        ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, build.cache)
-        qdq, plan, first = _probe_dominant(qdq, plan, first, judge, build, report, ranking)
-        ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
-    result = first
-    if not first and ranking is not None:
-        fbr = search_fallback(plan, lambda p: judge(build(p)), ranking, fb.max_float_layers, first,
-                              cheap=_sensitive_pv(model, plan, ranking))
-        if fbr.float_nodes:
-            plan = plan.without(set(fbr.float_nodes))
-            qdq = build(plan)
-        result = fbr.after
-        report.float_fallback += fbr.per_node
-        report.float_macs_share += fbr.macs_float_share
-        report.notes.append(
-            f"fallback: {len(fbr.float_nodes)} node(s) kept in float ({fbr.macs_float_share:.1%} of quantized MACs) "
-            f"after {fbr.evaluations} evaluation(s) on {report.selection}; budget {'met' if fbr.met else 'NOT met'} "
-            "by the predicted figures")
-    elif not first:
+    with prof.step("fallback_probes"):
+        if fb.enabled:
+            qdq, plan, first = _probe_pv(model, qdq, plan, first, judge, build, report)
+        if _fallback_enabled(recipe):
+            sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, bs)
+            ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, build.cache, on_run=prof.ran)
+            qdq, plan, first = _probe_dominant(qdq, plan, first, judge, build, report, ranking)
+            ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
+        result = first
+        if not first and ranking is not None:
+            fbr = search_fallback(plan, lambda p: _judged(p, judge, build), ranking, fb.max_float_layers, first,
+                                  cheap=_sensitive_pv(model, plan, ranking))
+            if fbr.float_nodes:
+                plan = plan.without(set(fbr.float_nodes))
+                qdq = build(plan)  # built while searching: the builder hands that model back
+            result = fbr.after
+            report.float_fallback += fbr.per_node
+            report.float_macs_share += fbr.macs_float_share
+            report.notes.append(_fallback_note(fbr, report.selection, tol))
+    if not first and ranking is None:
         report.notes.append("INT8 is predicted to miss the parity budget and the fallback is disabled")
     report.parity, report.budget_met = result.to_dict(), bool(result)
     return qdq, plan
@@ -287,13 +331,34 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
                 f"one node dominates the INT8 error: {node} ({macs[node] / total:.1%} of quantized MACs) kept in float: "
                 f"predicted worst cosine {first.prediction.cosine_min:.5f} → {trial.prediction.cosine_min:.5f}")
             report.float_fallback.append({"node": node, "sensitivity": float(dict(ranking)[node]),
-                                          "macs_share": macs[node] / total, "why": "dominant"})
+                                          "macs": int(macs[node]), "macs_share": macs[node] / total, "why": "dominant"})
             report.float_macs_share += macs[node] / total
             return trial_qdq, trial_plan, trial
     if tried:
         report.notes.append(f"no node dominates the INT8 error (predicted worst cosine {first.prediction.cosine_min:.5f}; "
                             f"each alone in float: {', '.join(tried)}): all kept INT8")
     return qdq, plan, first
+
+
+def _judged(plan: QuantPlan, judge: Judge, build: _Builder) -> Verdict:
+    """The verdict on ``plan``'s model; a passing one's model is kept (the search's last pass is its pick)."""
+    verdict = judge(build(plan))
+    if verdict:
+        build.keep(plan)
+    return verdict
+
+
+def _fallback_note(fbr: FallbackResult, selection: str | None, tol) -> str:
+    """What the fallback kept float and what it cost; when it missed, which checks and how far."""
+    line = (f"fallback: {len(fbr.float_nodes)} node(s) kept in float ({fbr.macs_float_share:.1%} of quantized MACs) "
+            f"after {fbr.evaluations} evaluation(s) on {selection}; budget {'met' if fbr.met else 'NOT met'} "
+            "by the predicted figures")
+    if not fbr.met:
+        p = fbr.after.prediction
+        far = (f"; predicted worst cosine {p.cosine_min:.5f}" + (f" (needs {tol.cosine_min})" if tol.cosine_min is not None else "")
+               + f", missing: {', '.join(sorted(fbr.after.failing()))}")
+        line += far + (f"; stopped: {fbr.stopped}" if fbr.stopped else "")
+    return line
 
 
 def _pv_nodes(model: ir.Model, plan: QuantPlan) -> list[str]:
@@ -330,7 +395,7 @@ def _holdout(recipe: Recipe, calib: SampleSet) -> tuple[SampleSet, SampleSet | N
     tol, fb = recipe.tolerance("quantize_int8"), recipe.quantization.fallback
     gated = tol.cosine_min is not None or tol.top1_agreement is not None
     # samples are held out only for a fallback that could act on them
-    return split_samples(calib, fb.eval_samples) if gated and fb.enabled and fb.max_float_layers > 0 else (calib, None)
+    return split_samples(calib, fb.eval_samples) if gated and _fallback_enabled(recipe) else (calib, None)
 
 
 def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet, target: Target,
@@ -365,25 +430,45 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     if not plan.nodes:
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     calib_part, select = _holdout(recipe, calib)
-    res = _scales(model, fp32_path, target, plan, calib_part, recipe, work_dir, len(select or ()), report)
+    prof = QuantProfile()
+    n_screen = screen_size(recipe.quantization.fallback.screen_samples, plan.total_macs) if select is not None else 0
+    res = _scales(model, fp32_path, target, plan, calib_part, recipe, work_dir, len(select or ()), report, prof, n_screen)
     plan, ranges = res.plan, res.table.tensors
     fp16 = target.high_precision() == "fp16" and bool(plan.nodes)
     if fp16:
-        model = to_opset(model, 19)  # float16 Q/DQ scales
-    build = _Builder(model, ranges, WeightCache(overrides=res.rounded, bias=res.table.bias), res.table.float_ranges if fp16 else None)
+        with prof.step("conversion"):
+            model = to_opset(model, 19)  # float16 Q/DQ scales
+    build = _Builder(model, ranges, WeightCache(overrides=res.rounded, bias=res.table.bias),
+                     res.table.float_ranges if fp16 else None, prof)
     qdq, annotated = build(plan), plan
     if select is not None and plan.nodes:
         with bounded_heap():  # a float and Q/DQ sessions one after the other: hand their buffers back
             gate = gate or GateInfo(recipe.parity_data.num_samples)
-            qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report, gate)
+            qdq, plan = _fallback(model, qdq, plan, ranges, calib_part, select, target, recipe, build, report, gate,
+                                  res.outputs)
     report.attention = attention_summary(model, annotated, plan)
     report.notes += build.notes
-    _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)  # cleans qdq: it is now what the file holds
-    report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
-                        "fp32_islands": dict(build.islands)}
+    with prof.step("write"):
+        _write(qdq, plan, ranges, target, recipe, out_path, work_dir, report)  # cleans qdq: it is now what the file holds
+        report.precision = {"high_precision": "fp16" if fp16 else "fp32", **precision_summary(qdq),
+                            "fp32_islands": dict(build.islands)}
+    _float_costs(report)
     if recipe.quantization.measure_latency and plan.nodes:
-        _latency(model, fp32_path, out_path, calib, target, report)
+        with prof.step("latency"):
+            _latency(model, fp32_path, out_path, calib, target, report)
+    report.profile = prof.to_dict()
+    for line in prof.lines():  # a record per line: every -v line on stderr starts with the time and logger
+        log.debug("profile: %s", line)
     return report
+
+
+def _float_costs(report: QuantReport) -> None:
+    """Each float fallback layer's cost: its MACs and the share of the model's GEMM/Conv MACs (the INT8
+    share the target's gate counts) it takes out of INT8."""
+    p = report.precision
+    total = int(p.get("int8_gemm_macs", 0)) + int(p.get("float_gemm_macs", 0))
+    for f in report.float_fallback:
+        f["int8_share_cost"] = f.get("macs", 0) / total if total else 0.0
 
 
 def _write(qdq: ir.Model, plan: QuantPlan, ranges, target: Target, recipe: Recipe, out_path: Path,

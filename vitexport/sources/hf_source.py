@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import safe_open
 
 from ..errors import BadInput, one_line
+from ..quiet import quiet_transformers
 from .base import Preprocess, seeded
 from .head import HeadRequest, head_size, last_linear
 
@@ -204,8 +205,7 @@ def load_hf(folder: str, head: HeadRequest | None = None) -> tuple[torch.nn.Modu
     """
     import transformers  # transformers loads for hf: URIs only (measured 4 s, 60 MB)
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars are not our output
+    transformers.logging.set_verbosity_error()  # its warnings stay off for the run (tracing logs them too)
     path = Path(folder)
     if not (path / "config.json").is_file():
         raise BadInput(f"hf:{folder}: no config.json in that folder (a local Hugging Face model folder is expected)")
@@ -215,7 +215,7 @@ def load_hf(folder: str, head: HeadRequest | None = None) -> tuple[torch.nn.Modu
     head_note = _head(cls, config, head, folder)
     # a resized head cannot take the folder's own: transformers leaves it at random (--weights fills it)
     resized = {"config": config, "ignore_mismatched_sizes": True} if head_note else {}
-    with seeded():
+    with seeded(), quiet_transformers():  # "Loading weights" bars and load warnings are not our output
         try:
             model = cls.from_pretrained(str(path), local_files_only=True, **resized) if has_weights else cls(config)
         except Exception as exc:  # built from the user's config and files: their values are the cause

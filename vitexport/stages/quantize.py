@@ -101,7 +101,9 @@ def share_hints(q, target) -> list[str]:
     layers float in this run (the fallback's pick, attention left float by the recipe)."""
     hints = list(target.int8_share_hints)
     if q.float_fallback:
-        hints.append("quantization.fallback.max_float_layers (now a ceiling the fallback used) or "
+        cap = target.recipe.quantization.fallback.max_float_layers
+        hints.append(f"quantization.fallback.max_float_layers={max(len(q.float_fallback) - 1, 0)} "
+                     f"(now {'no cap' if cap is None else cap}; the fallback kept {len(q.float_fallback)} float) or "
                      "quantization.fallback.enabled=false: fewer float layers, at the parity the fallback measured")
     if any("quantize_attention_matmuls is off" in w for w in q.skipped_nodes.values()):
         hints.append("quantization.quantize_attention_matmuls=true")
@@ -149,7 +151,9 @@ def _predicted(q) -> list[str]:
             + f"); {'passes' if q.parity['passed'] else 'misses'} the budget by this prediction; the gate then measures "
             "the written file on the parity data (this stage's checks)")
     if q.float_fallback:
-        line += f"; float layers: {', '.join(f['node'] for f in q.float_fallback)} ({q.float_macs_share:.1%} of MACs)"
+        line += (f"; float layers (each with its share of the GEMM/Conv MACs taken out of INT8): "
+                 + ", ".join(f"{f['node']} {f.get('int8_share_cost', f['macs_share']):.1%}" for f in q.float_fallback)
+                 + f" ({q.float_macs_share:.1%} of the quantized MACs)")
     return [line]
 
 

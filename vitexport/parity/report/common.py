@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 __all__ = ["md_text", "md_code", "Overview", "overview", "terms", "prediction_sentence", "data_check_parts",
-           "DATA_TITLE", "GATE_COLUMNS", "SNR_PLOT_CAP"]
+           "DATA_TITLE", "GATE_COLUMNS", "SNR_PLOT_CAP", "PROFILE_COLUMNS", "PROFILE_TITLE", "profile_rows"]
 
 SNR_PLOT_CAP = 140.0
 
@@ -172,6 +172,23 @@ def _layer_row(i: int, r: Mapping[str, Any], first: str | None, others: list[str
         o = (r.get("others") or {}).get(label, {})
         row += [_num(o.get("ch_cosine_min"), "cos"), _num(o.get("ch_snr_db"), "db")]
     return row + [status]
+
+
+PROFILE_TITLE = "Quantize profile (seconds per step; runs: full-model ONNX Runtime runs, one per batch)"
+PROFILE_COLUMNS = ["step", "seconds", "runs", "samples"]
+
+
+def profile_rows(s: Mapping[str, Any]) -> list[list[str]]:
+    """The quantizer's profile of a stage (its details' ``quantize.profile``), one row per step, the
+    gate's own check last; [] for a stage without one."""
+    prof = ((s.get("details") or {}).get("quantize") or {}).get("profile") or {}
+    rows = [[name, f"{c['seconds']:.2f}", str(c["runs"]), str(c["samples"])] for name, c in (prof.get("steps") or {}).items()]
+    if rows and s.get("parity_seconds"):
+        rows.append(["gate (this stage's check)", f"{s['parity_seconds']:.2f}", "", ""])
+    if rows:
+        rows.append(["total", f"{prof.get('seconds', 0.0) + (s.get('parity_seconds') or 0.0):.2f}", str(prof.get("runs", "")),
+                     str(prof.get("samples", ""))])
+    return rows
 
 
 def _stage_has_details(s: Mapping[str, Any]) -> bool:

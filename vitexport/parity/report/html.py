@@ -11,7 +11,8 @@ import html
 from typing import Any, Mapping
 
 from .common import (GATE_COLUMNS, _STAGE_COLUMNS, _budget_text, _headline, _layer_header, _layer_others, _layer_row,
-                     DATA_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts, overview, terms)
+                     DATA_TITLE, PROFILE_COLUMNS, PROFILE_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts,
+                     overview, profile_rows, terms)
 from .plots import plot_error_histograms, plot_layer_snr, plot_sample_cosines, plot_stage_errors
 from .task import plot_task, task_section
 
@@ -84,6 +85,9 @@ def _stage_details(s: Mapping[str, Any]) -> list[str]:
         parts.append(_html_table(["metric", "value", "limit", "result"],
                                  [[c["metric"], _num(c["value"]), f"{c['op']} {_num(c['limit'])}", _verdict(c["passed"])]
                                   for c in s["checks"]]))
+    prof = profile_rows(s)
+    if prof:
+        parts += [f"<h3>{e(PROFILE_TITLE)}</h3>", _html_table(PROFILE_COLUMNS, prof)]
     src = s.get("nonfinite_source")
     if src:
         parts.append(f"<p>First NaN/Inf produced by <code>{e(str(src.get('node')))}</code> ({e(str(src.get('op_type')))})"

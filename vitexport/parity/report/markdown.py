@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .common import (GATE_COLUMNS, _STAGE_COLUMNS, _budget_text, _headline, _layer_header, _layer_others, _layer_row,
-                     DATA_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts, md_code, md_text, overview,
-                     terms)
+                     DATA_TITLE, PROFILE_COLUMNS, PROFILE_TITLE, _num, _stage_has_details, _stage_row, _verdict, data_check_parts,
+                     md_code, md_text, overview, profile_rows, terms)
 from .task import task_section
 
 __all__ = ["render_markdown"]
@@ -92,6 +92,9 @@ def render_markdown(data: Mapping[str, Any]) -> str:
                                    [[c["metric"], _num(c["value"]), f"{c['op']} {_num(c['limit'])}", _verdict(c["passed"])]
                                     for c in s["checks"]]))
             lines.append("")
+        prof = profile_rows(s)
+        if prof:
+            lines += [f"### {PROFILE_TITLE}", "", _md_table(PROFILE_COLUMNS, prof), ""]
         src = s.get("nonfinite_source")
         if src:
             where = src.get("node")
