@@ -49,6 +49,7 @@ class _Spec(BaseModel):
 class StageName(enum.StrEnum):
     """The pipeline's stages, in order. A ``str``: it compares and hashes like its value."""
 
+    reparameterize = "reparameterize"
     freeze_layernorm = "freeze_layernorm"
     mask_to_where = "mask_to_where"
     fuse_qkv = "fuse_qkv"
@@ -60,7 +61,8 @@ class StageName(enum.StrEnum):
 
 
 #: the torch passes, in the order the pipeline runs them
-PASS_STAGES: tuple[StageName, ...] = (StageName.freeze_layernorm, StageName.mask_to_where, StageName.fuse_qkv)
+PASS_STAGES: tuple[StageName, ...] = (StageName.reparameterize, StageName.freeze_layernorm, StageName.mask_to_where,
+                                      StageName.fuse_qkv)
 #: every stage name, in pipeline order (the values of :class:`StageName`)
 STAGE_NAMES: tuple[str, ...] = tuple(s.value for s in StageName)
 
@@ -129,7 +131,7 @@ class Tolerance(_Spec):
 # the stage's own class, so the keys it does not give keep the stage's defaults (never Tolerance's
 # blanket None): ``parity: {quantize_int8: {cosine_min: 0.95}}`` keeps the top-1 and accuracy gates.
 class FoldTolerance(Tolerance):
-    """Folds and fusions (``freeze_layernorm``, ``fuse_qkv``): float32 rounding only."""
+    """Folds and fusions (``reparameterize``, ``freeze_layernorm``, ``fuse_qkv``): float32 rounding only."""
 
     max_abs: float | None = 1e-5
 
@@ -167,6 +169,7 @@ class Int8Tolerance(EngineTolerance):
 class ParitySpec(_Spec):
     """One :class:`Tolerance` per stage (``recipe.parity.quantize_int8``), each with its own defaults."""
 
+    reparameterize: FoldTolerance = FoldTolerance()
     freeze_layernorm: FoldTolerance = FoldTolerance()
     mask_to_where: MaskTolerance = MaskTolerance()
     fuse_qkv: FoldTolerance = FoldTolerance()
@@ -196,8 +199,10 @@ class StagesSpec(_Spec):
     """Switches for the optional stages (export and simplify always run). ``build_engine`` applies
     where the target contributes an engine stage (orin: the TensorRT engine, rk3588: ``model.rknn``,
     openvino: the IR), ``simulate`` where it runs that engine on a vendor's simulator (rk3588);
-    other targets have none to switch."""
+    other targets have none to switch. ``reparameterize`` folds training-time branches (FastViT,
+    MobileOne, RepViT, RepVGG) into the convs a deployed model runs, before export on every target."""
 
+    reparameterize: StageToggle = StageToggle()
     freeze_layernorm: FreezeLayerNormSpec = FreezeLayerNormSpec()
     mask_to_where: StageToggle = StageToggle()
     fuse_qkv: StageToggle = StageToggle()
