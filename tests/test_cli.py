@@ -10,7 +10,7 @@ from onnx_census import assert_clean
 from vitexport.targets import DEFAULT_TARGET, registered_targets
 
 REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
-ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "reparameterize", "export_onnx", "simplify", "quantize_int8", "build_engine"]
+ORDER = ["reparameterize", "freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
 
 
 @pytest.mark.slow

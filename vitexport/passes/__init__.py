@@ -1,4 +1,4 @@
-"""Torch passes: ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv``, ``reparameterize`` (one file each).
+"""Torch passes: ``reparameterize``, ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv`` (one file each).
 
 Each pass is ``pass(model, example_inputs, spec=None, *, inplace=False) -> (model, PassReport)``;
 importing this package registers them in :data:`PASSES`. A pass copies the model unless
