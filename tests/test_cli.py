@@ -10,7 +10,7 @@ from onnx_census import assert_clean
 from vitexport.targets import DEFAULT_TARGET, registered_targets
 
 REQUIRED = ["model.fp32.onnx", "model.int8.onnx", "parity.json", "parity.md", "manifest.json"]
-ORDER = ["freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
+ORDER = ["reparameterize", "freeze_layernorm", "mask_to_where", "fuse_qkv", "export_onnx", "simplify", "quantize_int8", "build_engine"]
 
 
 @pytest.mark.slow
@@ -36,7 +36,7 @@ def test_parity_json_schema(demo_run):
     assert doc["passed"] is True
     names = [s["stage"] for s in doc["stages"]]
     assert names == [n for n in ORDER if n in names]
-    assert names[:6] == ORDER[:6]
+    assert names[:7] == ORDER[:7]
     for s in doc["stages"]:
         assert s["engine"] in {"torch", "onnxruntime", "tensorrt"}
         assert isinstance(s["reference"], str) and s["reference"]
@@ -46,13 +46,14 @@ def test_parity_json_schema(demo_run):
             assert isinstance(s["metrics"][key], float), (s["stage"], key)
         for key in ("top1_agreement", "accuracy"):
             assert 0.0 <= s["metrics"][key] <= 1.0
-        if s["stage"] in ORDER[:3]:
+        if s["stage"] in ORDER[:4]:
             assert isinstance(s["changed"], int)
     by = {s["stage"]: s for s in doc["stages"]}
     # the demo has 4 blocks: 9 LayerNorms, 4 masked attentions, 4 q/k/v triples; every pass must act
     assert by["freeze_layernorm"]["changed"] == 9
     assert by["mask_to_where"]["changed"] == 4
     assert by["fuse_qkv"]["changed"] == 4
+    assert by["reparameterize"]["changed"] == 0  # a plain ViT: nothing to fold
     assert by["quantize_int8"]["metrics"]["accuracy"] >= by["simplify"]["metrics"]["accuracy"] - 0.003
 
 
@@ -64,7 +65,7 @@ def test_manifest_has_versions_recipe_hashes_and_times(demo_run):
     for name in ("model.fp32.onnx", "model.int8.onnx", "parity.json"):
         assert len(man["artifacts"][name]["sha256"]) == 64
     assert all(v["seconds"] >= 0 for v in man["stages"].values())
-    assert set(ORDER[:6]) <= set(man["stages"])
+    assert set(ORDER[:7]) <= set(man["stages"])
     # what the Orin engine will run, known without a GPU: INT8 GEMMs, float parts in FP16
     prec = man["precision"]
     assert prec["high_precision"] == "fp16" and 0 < prec["int8_gemm_macs_share"] <= 1
@@ -94,7 +95,7 @@ def test_other_targets_export_the_demo(tmp_path, target):
     proc = run_cli("export", "--target", target, "--out", str(tmp_path / target))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / target / "parity.json").read_text())
-    assert doc["passed"] and [s["stage"] for s in doc["stages"]][:6] == ORDER[:6]
+    assert doc["passed"] and [s["stage"] for s in doc["stages"]][:7] == ORDER[:7]
     from vitexport import api
 
     # the files it writes for the target pass `vitexport check` without a warning (model.raw.onnx,

@@ -1,7 +1,7 @@
 """The one loop over the stages (:mod:`vitexport.stages`), each gated by parity against one golden
 reference.
 
-model source → freeze_layernorm → mask_to_where → fuse_qkv → export_onnx → simplify →
+model source → reparameterize → freeze_layernorm → mask_to_where → fuse_qkv → export_onnx → simplify →
 quantize_int8 → what the target contributes (orin: build_engine, where TensorRT and a GPU exist;
 rk3588: build_engine → model.rknn, simulate on RKNN's simulator; openvino: build_engine → its IR).
 

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from passes_zoo import first_output_adapter, randomise_layernorms, seed_vit
+from zoo_init import realistic_init
 from vitexport.sources import OutputAdapter
 
-__all__ = ["ZooCase", "ZOO", "SLOW", "CORE", "EXPORT_FAST", "INT8_SHARE"]
+__all__ = ["ZooCase", "ZOO", "SLOW", "CORE", "EXPORT_FAST", "INT8_SHARE", "INT8_MISS"]
 
 Inputs = Callable[[int], dict[str, torch.Tensor]]
 
@@ -57,6 +58,9 @@ def _images(size: int, batch: int = 2) -> Inputs:
 
 def _wrap(model: nn.Module, size: int, key: str = "x", batch: int = 2) -> tuple[nn.Module, Inputs]:
     model = randomise_layernorms(model.eval())
+    # zero BatchNorm scales, 1e-5 layer scales and BatchNorm statistics no activation has: re-drawn as
+    # training leaves them, so the zoo's INT8 figures are about the architecture, not its init
+    realistic_init(model, (_images(size, 8)(50)["x"],))
     images = _images(size, batch)
     if key == "x":
         return first_output_adapter(model, ["x"], images(0), keyword=False), images
@@ -214,11 +218,8 @@ ZOO: list[ZooCase] = [
     # hybrids: convolutions, then attention in some stages (windowed, pooled, cascaded or linear)
     ZooCase("timm_efficientvit_m0", _timm("efficientvit_m0", 64, img_size=64), _expect(6, biases=24), real="timm:efficientvit_m0"),
     ZooCase("timm_efficientvit_b0", _timm("efficientvit_b0", 64), _expect(0), real="timm:efficientvit_b0"),
-    ZooCase("timm_mobilevit_xxs", _timm("mobilevit_xxs", 64), _expect(9, already=9), real="timm:mobilevit_xxs",
-            int8="random weights on Gaussian inputs: INT8 cosine 0.972 against the 0.98 gate (0.980 with FP32 float parts)"),
-    ZooCase("timm_mobilevitv2", _timm("mobilevitv2_050", 64), _expect(0), real="timm:mobilevitv2_050",
-            int8="random weights: the INT8 error spreads over all 61 quantized layers (the most sensitive alone moves "
-                 "the cosine by 0.005), so 8 layers kept in float do not recover it: cosine 0.64-0.74"),
+    ZooCase("timm_mobilevit_xxs", _timm("mobilevit_xxs", 64), _expect(9, already=9), real="timm:mobilevit_xxs"),
+    ZooCase("timm_mobilevitv2", _timm("mobilevitv2_050", 64), _expect(0), real="timm:mobilevitv2_050"),
     ZooCase("timm_efficientformerv2", _timm("efficientformerv2_s0", 64, img_size=64, depths=(1, 1, 1, 1)), _expect(3, biases=3),
             real="timm:efficientformerv2_s0"),
     ZooCase("timm_hiera", _timm("hiera_tiny_224", 64, img_size=64, embed_dim=32, num_heads=1, stages=(1, 1, 1, 1)), _expect(4, already=4),
@@ -333,24 +334,37 @@ ZOO: list[ZooCase] = [
 _HEAD8 = "head size 8: TensorRT has no fused INT8 attention for it, so attention's batched MatMuls stay FP16"
 #: Families whose written file runs less of its GEMM/Conv work in INT8 than their target's share (measured
 #: with these tiny widths, where attention and unquantizable convs weigh more than at full size): each
-#: passes that gate only explicitly, at its measured share rounded down, for the reason the report gives
+#: passes that gate only explicitly, at its measured share rounded down, for the reason the report gives.
+#: With zoo_init's weights (issue 28) timm_efficientformer (0.72 -> 0.85), tv_maxvit (0.68 -> 0.96),
+#: hf_mobilevit (0.55 -> 0.82) and hf_mobilevitv2 (0.03 -> 0.90) need no exception: their float convs
+#: read the collapsed activations of zero BatchNorm scales, 1e-5 layer scales and unmeasured statistics
 INT8_SHARE: dict[str, tuple[float, str]] = {
     "hf_cvt": (0.37, "3136- and 784-token attention: no fused INT8 attention in TensorRT beyond 512 tokens"),
     "hf_glpn": (0.17, "3136- and 784-token attention: no fused INT8 attention in TensorRT beyond 512 tokens"),
-    "timm_efficientformer": (0.72, "head size 128 (no fused INT8 attention) and convs with no constant float weight"),
-    "timm_tiny_vit": (0.93, "convs with no constant float weight on a supported input (npu's 0.95)"),
-    "tv_maxvit": (0.68, "MBConv convs with no constant float weight on a supported input; head size 8 attention"),
-    "hf_levit": (0.77, "Linears reading HardSwish / Reshape outputs whose calibrated range has no INT8 scale"),
-    "hf_mobilevit": (0.55, "convs reading activations whose calibrated range has no INT8 scale"),
-    "hf_mobilevitv2": (0.03, "convs reading activations whose calibrated range has no INT8 scale"),
     "hf_vitdet": (0.70, "activation x activation MatMuls that are not attention, and " + _HEAD8),
     "hf_bert": (0.76, _HEAD8),
     "hf_distilbert": (0.76, _HEAD8),
     "hf_roberta": (0.77, _HEAD8),
     "hf_electra": (0.76, _HEAD8),
 }
+_REAL = "zoo_init's trained-looking random weights on Gaussian inputs: "
+#: Families whose INT8 misses the 0.98 cosine gate once their weights are not degenerate (exit 1, with
+#: the figures; the fallback's float layers lower the share too). Measured on orin; "was": the cosine
+#: and share with the init's own weights, where the collapsed branches made the model shallow
+INT8_MISS: dict[str, str] = {
+    "timm_efficientvit_m0": _REAL + "INT8 cosine 0.856, 99.6 % INT8 (was 0.996)",
+    "timm_efficientvit_b0": _REAL + "INT8 cosine 0.900, 81 % INT8 (was 0.9997)",
+    "timm_levit": _REAL + "INT8 cosine 0.929, 91 % INT8 (was 0.999)",
+    "timm_mobilevit_xxs": _REAL + "INT8 cosine 0.973, 92 % INT8 (was 0.982)",
+    "timm_mobilevitv2": _REAL + "INT8 cosine 0.76, 89 % INT8: the error spreads over all 61 quantized layers (was 0.66)",
+    "timm_tiny_vit": _REAL + "INT8 cosine 0.972 (npu 0.955), 56 % INT8 (npu 36 %) after the fallback (was 0.93 INT8 at parity)",
+    "hf_levit": _REAL + "INT8 cosine 0.959, 55 % INT8 after the fallback (was 0.77 INT8 at parity)",
+    "hf_mobilevit": _REAL + "INT8 cosine 0.894, 82 % INT8 (was 0.55 INT8 at parity)",
+    "hf_mobilevitv2": _REAL + "INT8 cosine 0.967, 90 % INT8 (was 0.03 INT8 at parity)",
+}
 for _case in ZOO:
     _case.int8_share = INT8_SHARE.get(_case.name, _case.int8_share)
+    _case.int8 = INT8_MISS.get(_case.name, _case.int8)
 
 #: Members that take longest to build and export (each a few seconds on a shared core).
 SLOW = {"timm_maxvit", "timm_levit", "timm_mvitv2", "tv_swin_v2_t", "timm_swinv2"}

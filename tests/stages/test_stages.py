@@ -20,7 +20,7 @@ def test_every_target_gets_its_stages_in_pipeline_order(name):
     assert all(isinstance(s, Stage) for s in stages)
     names = [s.name for s in stages]
     assert names == sorted(names, key=list(StageName).index) and len(set(names)) == len(names)
-    assert names[:6] == [*PASS_STAGES, StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
+    assert names[:7] == [*PASS_STAGES, StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
     # only the torch stages read the torch model: the loop frees it after the export
     assert [s.name for s in stages if s.needs_torch] == [*PASS_STAGES, StageName.export_onnx]
     for stage in stages:

@@ -1,4 +1,4 @@
-"""Graph passes: ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv`` (one file each).
+"""Torch passes: ``reparameterize``, ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv`` (one file each).
 
 Each pass is ``pass(model, example_inputs, spec=None, *, inplace=False) -> (model, PassReport)``;
 importing this package registers them in :data:`PASSES`. A pass copies the model unless
@@ -83,6 +83,7 @@ from .base import PASSES, ChangedSite, TorchPass, PassReport, SkippedSite, get_p
 from .freeze_layernorm import LayerNormConstants, freeze_layernorm
 from .fuse_qkv import fuse_qkv
 from .mask_to_where import mask_to_where
+from .reparameterize import reparameterize
 
 __all__ = [
     "PASSES",
@@ -93,6 +94,7 @@ __all__ = [
     "get_pass",
     "register_pass",
     "maybe_copy",
+    "reparameterize",
     "freeze_layernorm",
     "mask_to_where",
     "fuse_qkv",

@@ -12,7 +12,7 @@ from typing import Protocol
 import onnx_ir as ir
 
 from ..graph.macs import node_macs
-from ..graph.query import attr, is_const, static_shape
+from ..graph.query import attr, const_array, is_const, static_shape
 from ..recipe import QuantizationSpec
 from .spec import ActSpec, Encoding, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
@@ -39,28 +39,63 @@ class AnnotateTarget(Protocol):
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 # ops between QKᵀ and Softmax (scale, mask, bias) and between Softmax and PV (cast, dropout)
 _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Where", "Cast", "Identity", "Dropout", "Sub"})
+# how far from a batched MatMul its Softmax may sit: scale, bias, mask, and a talking-heads mix (a
+# permute, a flatten, the mix, its bias, an unflatten, a permute back) on either side
+_SCORE_DEPTH = 10
+
+
+def _head_mix(node: ir.Node) -> bool:
+    """A talking-heads mix (EfficientFormerV2's 1x1 ``talking_head`` convs, CaiT's ``proj_l``/``proj_w``
+    Linears over the permuted heads axis): a learned H x H mix of the attention maps across heads,
+    still attention's scores (or probabilities), so the walk goes through it. A 1x1 group-1 Conv, a
+    MatMul or a Gemm (the Linear as onnxsim writes it) with a constant square weight."""
+    if node.op_type not in ("Conv", "MatMul", "Gemm") or len(node.inputs) < 2 or not is_const(node.inputs[1]):
+        return False
+    shape = static_shape(node.inputs[1])
+    if shape is None:
+        w = const_array(node.inputs[1])
+        shape = None if w is None else tuple(w.shape)
+    if shape is None or len(shape) != (4 if node.op_type == "Conv" else 2) or shape[0] != shape[1]:
+        return False
+    if node.op_type == "Gemm":
+        return not attr(node, "transA", 0)
+    return node.op_type == "MatMul" or (tuple(shape[2:]) == (1, 1) and attr(node, "group", 1) == 1)
+
+
+def _through(node: ir.Node) -> bool:
+    """Whether the scores (or probabilities) pass ``node`` on their way between a batched MatMul and its
+    Softmax: scale/mask/bias ops, a head mix, the Transposes around it and the Reshapes next to it."""
+    if node.op_type in _SCORE_OPS or node.op_type == "Transpose" or _head_mix(node):
+        return True
+    if node.op_type != "Reshape":
+        return False
+    before = node.inputs[0].producer() if node.inputs[0] is not None else None
+    return (before is not None and _head_mix(before)) or any(_head_mix(u.node) for u in node.outputs[0].uses())
 
 
 def attention_role(node: ir.Node) -> str | None:
-    """'pv' if the MatMul's left operand comes from a Softmax, 'qk' if its output reaches one, else None."""
+    """'pv' if the MatMul's left operand comes from a Softmax, 'qk' if its output reaches one, else None.
+
+    Scale, mask and bias ops (and a talking-heads mix, :func:`_head_mix`) may sit between."""
     v = node.inputs[0]
-    for _ in range(4):
+    for _ in range(_SCORE_DEPTH):
         p = v.producer() if v is not None else None
         if p is None:
             break
         if p.op_type == "Softmax":
             return "pv"
-        if p.op_type not in _SCORE_OPS:
+        if not _through(p):
             break
         v = p.inputs[0]
     frontier, depth = list(node.outputs), 0
-    while frontier and depth < 6:
+    while frontier and depth < _SCORE_DEPTH:
         nxt = []
         for value in frontier:
             for use in value.uses():
                 if use.node.op_type == "Softmax":
                     return "qk"
-                if use.node.op_type in _SCORE_OPS:
+                # a bias or mask may be either operand of its Add; a mix reads the scores as its input 0
+                if use.node.op_type in _SCORE_OPS or (use.idx == 0 and _through(use.node)):
                     nxt.extend(use.node.outputs)
         frontier, depth = nxt, depth + 1
     return None

@@ -1,4 +1,4 @@
-"""The torch passes as stages: ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv``.
+"""The torch passes as stages: ``reparameterize``, ``freeze_layernorm``, ``mask_to_where``, ``fuse_qkv``.
 
 The first pass copies the model (the caller's module is never touched); later passes rewrite that
 copy in place, so a ViT-B holds two sets of weights here, not four. A model the pipeline may
