@@ -15,7 +15,7 @@ from torch import nn
 
 __all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder",
            "PostLNBlock", "build_gen_vit", "PHOTO_SWIN", "build_photo_swin", "photo_swin", "DOC", "build_doc_encoder",
-           "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm"]
+           "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm", "half_padded"]
 
 #: The digits ViT: 8×8 scikit-learn digits rendered at 32×32 with augmentation; 64 patches + CLS.
 DIGITS = dict(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0)
@@ -169,14 +169,19 @@ def build_doc_encoder(**overrides) -> ClsPoolEncoder:
     return ClsPoolEncoder(RobertaPreLayerNormModel(rc, add_pooling_layer=False), cfg["hidden_size"], cfg["num_classes"]).eval()
 
 
-def doc_encoder():
-    """``python:`` entry point: the doc encoder and example ``input_ids`` / ``attention_mask`` (int64)."""
-    seq = DOC["seq_len"]
-    ids = torch.full((1, seq), 5, dtype=torch.long)
+def half_padded(seq: int, token: int) -> dict[str, torch.Tensor]:
+    """Example ``input_ids`` / ``attention_mask`` (int64): ``token`` then padding (id 0) over the second half,
+    so the export does not specialise on "no padding"."""
+    ids = torch.full((1, seq), token, dtype=torch.long)
     mask = torch.ones(1, seq, dtype=torch.long)
     mask[0, seq // 2:] = 0
     ids[0, seq // 2:] = 0
-    return build_doc_encoder(), {"input_ids": ids, "attention_mask": mask}
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def doc_encoder():
+    """``python:`` entry point: the doc encoder and example ``input_ids`` / ``attention_mask`` (int64)."""
+    return build_doc_encoder(), half_padded(DOC["seq_len"], 5)
 
 
 def minilm_dir():
@@ -201,9 +206,4 @@ def build_minilm() -> MeanPoolEncoder:
 
 def minilm():
     """``python:`` entry point: all-MiniLM-L6-v2 and example ``input_ids`` / ``attention_mask`` (int64)."""
-    seq = MINILM["seq_len"]
-    ids = torch.full((1, seq), 1000, dtype=torch.long)
-    mask = torch.ones(1, seq, dtype=torch.long)
-    mask[0, seq // 2:] = 0
-    ids[0, seq // 2:] = 0
-    return build_minilm(), {"input_ids": ids, "attention_mask": mask}
+    return build_minilm(), half_padded(MINILM["seq_len"], 1000)
