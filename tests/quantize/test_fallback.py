@@ -19,8 +19,11 @@ from vitexport.quantize.spec import ActSpec, Encoding, NodeKind, NodeSpec, Quant
 from vitexport.quantize.tail import predict
 from vitexport.recipe import Tolerance
 
+# the INT8-share gate off: a tiny ViT's few Linears are each a large share of its MACs, and the room that
+# gate leaves the fallback is tested on its own (test_fallback_uncapped)
 FALLBACK = ("quantization.smooth=false", "quantization.fallback.max_float_layers=6",
-            "parity.quantize_int8.cosine_min=0.99", "parity.quantize_int8.top1_agreement=0.9")
+            "parity.quantize_int8.cosine_min=0.99", "parity.quantize_int8.top1_agreement=0.9",
+            "parity.quantize_int8.int8_share_min=0")
 
 
 def test_fallback_meets_budget_with_few_float_layers(outlier_vit, tmp_path):

@@ -102,10 +102,23 @@ def test_on_a_real_model_the_uncapped_fallback_meets_a_budget_the_old_cap_missed
 
     from vitexport.quantize import quantize_int8
 
-    tight = ("quantization.smooth=false", "parity.quantize_int8.cosine_min=0.9999")
+    tight = ("quantization.smooth=false", "parity.quantize_int8.cosine_min=0.9999",
+             "parity.quantize_int8.int8_share_min=0")  # no share room: what the search finds, not what ships
     capped = quantize_int8(outlier_vit.path, tmp_path / "c.onnx", outlier_vit.calib,
                            target("orin", *tight, "quantization.fallback.max_float_layers=8"), tmp_path / "c")
     assert not capped.budget_met and any("max_float_layers=8 reached" in n for n in capped.notes)
     free = quantize_int8(outlier_vit.path, tmp_path / "f.onnx", outlier_vit.calib, target("orin", *tight), tmp_path / "f")
     assert free.budget_met and free.parity["prediction"]["cosine_min"] >= 0.9999
     assert all(f["macs"] > 0 and 0 < f["int8_share_cost"] < 1 for f in free.float_fallback)
+
+
+def test_fallback_stays_within_the_room_the_int8_share_gate_leaves():
+    # the budget needs 14 float nodes (14,000 MACs); the target's share leaves room for 5,000: the search never
+    # judges a set past it, and says why it stopped short (the gate then measures what it left)
+    model = _Synthetic([0.07] * 14 + [0.001] * 26)
+    first = model(model.plan)
+    res = search_fallback(model.plan, model, model.ranking(), None, first, max_float_macs=5000)
+    assert not res.met and 0 < len(res.float_nodes) <= 5
+    assert "INT8-share gate leaves no room" in res.stopped
+    roomy = search_fallback(model.plan, model, model.ranking(), None, first, max_float_macs=40_000)
+    assert roomy.met and roomy.stopped == ""

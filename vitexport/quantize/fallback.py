@@ -145,7 +145,8 @@ def step_sizes(n: int, cap: int | None) -> list[int]:
 
 
 def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], ranking: list[tuple[str, float]],
-                    max_float: int | None, first: Verdict, cheap: Sequence[str] = ()) -> FallbackResult:
+                    max_float: int | None, first: Verdict, cheap: Sequence[str] = (),
+                    max_float_macs: int | None = None) -> FallbackResult:
     """Grow then prune the set of float nodes (see the module docstring), cheapest first.
 
     Args:
@@ -155,6 +156,8 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
         max_float: most nodes kept in float, besides ``cheap`` (None: no cap; the stall rule ends the search).
         first: the full plan's verdict.
         cheap: nodes tried first, as one step (attn·V: a few per cent of the MACs), before any Linear.
+        max_float_macs: most multiply-accumulates the float nodes may take (the target's INT8-share gate
+            leaves that much room; None: no limit). A step past it is not tried: the search stops there.
     """
     memo: dict[frozenset, Verdict] = {}
 
@@ -172,6 +175,11 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
         # costs a verdict alone: at most LINEAR_STEPS of them without a cap)
         group, order = [], _flip_order(plan, judged, order[:LINEAR_STEPS if max_float is None else max_float], first)
         steps = [order[:k] for k in range(1, len(order) + 1)]
+    share_cut = False
+    if max_float_macs is not None:
+        macs = {n.node: n.macs for n in plan.nodes}
+        fits = [st for st in steps if sum(macs.get(n, 0) for n in st) <= max_float_macs]
+        share_cut, steps = len(fits) < len(steps), fits
     met = bool(first)
     best: tuple[list[str], Verdict] = ([], first)
     tried, stalled, stopped = [best], False, ""
@@ -193,6 +201,8 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
             stopped = (f"tried up to {len(step)} float node(s): two steps in a row cut the predicted error 1 − cos by "
                        f"less than {STALL:.0%}")
             break
+    if not met and not stopped and share_cut:
+        stopped = "the target's INT8-share gate leaves no room for more float layers"
     if not met and not stopped and max_float is not None and len(order) > max_float and tried[-1][0]:
         stopped = f"quantization.fallback.max_float_layers={max_float} reached"
     if met or (stalled and best[0]):

@@ -201,6 +201,17 @@ def _fallback_enabled(recipe: Recipe) -> bool:
     return fb.enabled and (fb.max_float_layers is None or fb.max_float_layers > 0)
 
 
+def _share_room(qdq: ir.Model, target: Target, recipe: Recipe) -> int | None:
+    """GEMM/Conv multiply-accumulates the fallback may take out of INT8 before the written file's share falls
+    below the target's INT8-share gate (its Q/DQ coverage bounds what a backend runs in INT8); None: no gate."""
+    stage = target.int8_share_stage
+    share_min = recipe.tolerance(stage).int8_share_min if stage is not None else None
+    if not share_min:
+        return None
+    p = precision_summary(qdq)
+    return max(0, int(p["int8_gemm_macs"] - share_min * (p["int8_gemm_macs"] + p["float_gemm_macs"])))
+
+
 def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: SampleSet, select: SampleSet,
               target: Target, recipe: Recipe, build: _Builder, report: QuantReport,
               gate: GateInfo, screen_ref: np.ndarray | None = None) -> tuple[ir.Model, QuantPlan]:
@@ -228,7 +239,7 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
         result = first
         if not first and ranking is not None:
             fbr = search_fallback(plan, lambda p: _judged(p, judge, build), ranking, fb.max_float_layers, first,
-                                  cheap=_sensitive_pv(model, plan, ranking))
+                                  cheap=_sensitive_pv(model, plan, ranking), max_float_macs=_share_room(qdq, target, recipe))
             if fbr.float_nodes:
                 plan = plan.without(set(fbr.float_nodes))
                 qdq = build(plan)  # built while searching: the builder hands that model back
