@@ -16,9 +16,10 @@ from vitexport.parity import check_stage
 from vitexport.parity.reference import GoldenReference
 from vitexport.recipe import Tolerance
 from vitexport.runners import OnnxRuntimeRunner, TorchRunner
-from vitexport.runners.base import BaseRunner, InputSpec
 from vitexport.runners.torch_runner import tensor_outputs
 from vitexport.sources import load_model
+
+from replay import replayed
 
 FAST = ("calibration.num_samples=16", "parity_data.synthetic_samples=8")
 
@@ -166,31 +167,9 @@ def test_a_second_output_that_int8_breaks_fails_the_gate_naming_it(models, tmp_p
     assert stage["passed"] is False
 
 
-class _Renamed(BaseRunner):
-    """A runner returning given outputs (what an engine answered), to test the gate alone."""
-
-    engine = "fixed"
-
-    def __init__(self, outs):
-        super().__init__()
-        self.outs = outs
-
-    def activate_impl(self):
-        pass
-
-    def deactivate_impl(self):
-        pass
-
-    def input_specs_impl(self):
-        return [InputSpec("x", (1, 2), np.dtype(np.float32))]
-
-    def infer_impl(self, feed):
-        return self.outs
-
-
 def test_the_gate_fails_an_output_the_engine_lacks():
     ref = GoldenReference({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}, [{"x": np.zeros((1, 2), np.float32)}])
-    res = check_stage("compare", _Renamed({"logits": np.array([[1.0, 2.0]])}), ref, Tolerance(cosine_min=0.9))
+    res = check_stage("compare", replayed({"logits": np.array([[1.0, 2.0]])}), ref, Tolerance(cosine_min=0.9))
     assert not res.passed and res.failed_check.metric == "output_shape[boxes]"
     assert any("'boxes' missing" in n for n in res.notes)
 
@@ -273,11 +252,11 @@ def test_export_onnx_names_a_plain_modules_dict_outputs(tmp_path):
 
 def test_a_single_output_stage_is_written_as_before():
     ref = GoldenReference({"output": np.array([[1.0, 2.0]])}, [{"x": np.zeros((1, 2), np.float32)}])
-    res = check_stage("compare", _Renamed({"output": np.array([[1.0, 2.0]])}), ref, Tolerance(cosine_min=0.9))
+    res = check_stage("compare", replayed({"output": np.array([[1.0, 2.0]])}), ref, Tolerance(cosine_min=0.9))
     d = res.to_dict()
     assert res.passed and "output_metrics" not in d and [c["metric"] for c in d["checks"]] == ["cosine_min"]
     two = GoldenReference({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}, ref.feeds)
-    both = check_stage("compare", _Renamed({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}), two,
+    both = check_stage("compare", replayed({"logits": np.array([[1.0, 2.0]]), "boxes": np.ones((1, 3))}), two,
                        Tolerance(cosine_min=0.9))
     back = type(both).from_dict(both.to_dict())  # parity.json read back (vitexport parity OUT re-renders from it)
     assert set(back.output_metrics) == {"logits", "boxes"} and back.passed

@@ -11,7 +11,8 @@ from vitexport.parity.reference import GoldenReference
 from vitexport.parity.tasks import (coco_map, depth_metrics, detection_metrics, embedding_metrics, segmentation_metrics,
                                     task_checks, task_outputs)
 from vitexport.recipe import Int8Tolerance, Recipe, Tolerance
-from vitexport.runners.base import BaseRunner, InputSpec
+
+from replay import replayed
 
 pytest.importorskip("pycocotools")
 
@@ -135,27 +136,6 @@ def test_task_outputs_by_name_then_shape():
         task_outputs("detect", {"output": (1, 10)})
 
 
-class _Fixed(BaseRunner):
-    engine = "fixed"
-
-    def __init__(self, outs):
-        super().__init__()
-        self.outs = outs
-
-    def activate_impl(self):
-        pass
-
-    def deactivate_impl(self):
-        pass
-
-    def input_specs_impl(self):
-        n = next(iter(self.outs.values())).shape[0] if self.outs else 3
-        return [InputSpec("x", (n, 2), np.dtype(np.float32))]
-
-    def infer_impl(self, feed):
-        return self.outs
-
-
 def _ref(outputs: dict, task: str) -> GoldenReference:
     n = next(iter(outputs.values())).shape[0]
     ref = GoldenReference(outputs, [{"x": np.zeros((n, 2), np.float32)}])
@@ -166,21 +146,21 @@ def _ref(outputs: dict, task: str) -> GoldenReference:
 def test_a_detector_stage_is_gated_on_map_and_fails_naming_it():
     logits, boxes = _detector_outputs()
     ref = _ref({"logits": logits, "pred_boxes": boxes}, "detect")
-    good = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": boxes}), ref, Int8Tolerance())
+    good = check_stage("quantize_int8", replayed({"logits": logits, "pred_boxes": boxes}), ref, Int8Tolerance())
     assert good.passed and good.task_metrics.map == pytest.approx(1.0)
     assert [c.metric for c in good.checks][-1] == "map[logits,pred_boxes]"
     moved = boxes.copy()
     moved[:, :3, 0] += 0.012  # every detection moved by 12 % of its width: IoU ~0.79, cosine still ~0.999
-    bad = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": moved}), ref, Int8Tolerance())
+    bad = check_stage("quantize_int8", replayed({"logits": logits, "pred_boxes": moved}), ref, Int8Tolerance())
     assert not bad.passed and bad.failed_check.metric == "map[logits,pred_boxes]"
     assert bad.checks[0].passed  # the outputs' cosine held: only the task gate saw it
     advice = failure_advice("quantize_int8", bad.failed_check, Recipe(name="r", target="cpu"), calib_samples=8)
     assert "parity.quantize_int8.map_min=" in advice
     # the float stages report the metric ungated; a recipe may loosen the INT8 one
-    assert not any(c.metric.startswith("map") for c in check_stage("simplify", _Fixed({"logits": logits, "pred_boxes": moved}),
+    assert not any(c.metric.startswith("map") for c in check_stage("simplify", replayed({"logits": logits, "pred_boxes": moved}),
                                                                      ref, Tolerance(max_abs=1.0)).checks)
     loose = Int8Tolerance(map_min=bad.task_metrics.map)
-    assert check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": moved}), ref, loose).passed
+    assert check_stage("quantize_int8", replayed({"logits": logits, "pred_boxes": moved}), ref, loose).passed
     back = type(bad).from_dict(bad.to_dict())  # parity.json read back
     assert back.task_metrics.map == bad.task_metrics.map
 
@@ -188,14 +168,14 @@ def test_a_detector_stage_is_gated_on_map_and_fails_naming_it():
 def test_a_segmenter_single_output_names_its_checks_plainly():
     rng = np.random.default_rng(1)
     ref = rng.standard_normal((3, 4, 6, 6))
-    res = check_stage("quantize_int8", _Fixed({"output": ref}), _ref({"output": ref}, "segment"), Int8Tolerance())
+    res = check_stage("quantize_int8", replayed({"output": ref}), _ref({"output": ref}, "segment"), Int8Tolerance())
     assert [c.metric for c in res.checks] == ["cosine_min", "miou_gated", "pixel_agreement_gated"]
     assert res.passed and "top1_agreement_gated" not in [c.metric for c in res.checks]
 
 
 def test_a_classifier_stage_reads_as_before():
     ref = _ref({"output": np.array([[1.0, 2.0], [2.0, 1.0], [0.0, 3.0]])}, "classify")
-    d = check_stage("quantize_int8", _Fixed({"output": ref.output}), ref, Int8Tolerance()).to_dict()
+    d = check_stage("quantize_int8", replayed({"output": ref.output}), ref, Int8Tolerance()).to_dict()
     assert "task_metrics" not in d and [c["metric"] for c in d["checks"]] == ["cosine_min", "top1_agreement_gated"]
     assert not any(k.endswith(("_min", "_max")) and k not in ("cosine_min",) for k in d["tolerance"])
 
@@ -205,11 +185,11 @@ def test_per_output_cosine_gate_and_an_unknown_output_is_bad_input():
     ref = _ref({"logits": logits, "pred_boxes": boxes}, "detect")
     noisy = boxes + 0.02 * np.random.default_rng(0).standard_normal(boxes.shape)
     tol = Int8Tolerance(cosine_min=0.9999, map_min=0.0, outputs={"pred_boxes": {"cosine_min": 0.9}})
-    res = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": noisy}), ref, tol)
+    res = check_stage("quantize_int8", replayed({"logits": logits, "pred_boxes": noisy}), ref, tol)
     limits = {c.metric: c.limit for c in res.checks}
     assert limits["cosine_min[pred_boxes]"] == 0.9 and limits["cosine_min[logits]"] == 0.9999
     with pytest.raises(BadInput, match="no output 'boxes'; did you mean 'pred_boxes'"):
-        check_stage("quantize_int8", _Fixed({}), ref, Int8Tolerance(outputs={"boxes": {"cosine_min": 0.9}}))
+        check_stage("quantize_int8", replayed({}), ref, Int8Tolerance(outputs={"boxes": {"cosine_min": 0.9}}))
 
 
 def test_task_checks_say_why_nothing_was_measured():
@@ -222,11 +202,11 @@ def test_an_embedder_reports_recall_at_k_ungated_by_default():
     emb = rng.standard_normal((10, 16))
     hidden = rng.standard_normal((10, 4, 16))
     ref = _ref({"last_hidden_state": hidden, "pooler_output": emb}, "embed")
-    res = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb}), ref, Int8Tolerance())
+    res = check_stage("quantize_int8", replayed({"last_hidden_state": hidden, "pooler_output": emb}), ref, Int8Tolerance())
     assert res.task_metrics.outputs == ["pooler_output"] and res.task_metrics.recall_at_k == 1.0
     assert res.task_metrics.k == 5
     assert not any(c.metric.startswith("recall") for c in res.checks)  # null: reported, not gated
-    gated = check_stage("quantize_int8", _Fixed({"last_hidden_state": hidden, "pooler_output": emb[::-1].copy()}), ref,
+    gated = check_stage("quantize_int8", replayed({"last_hidden_state": hidden, "pooler_output": emb[::-1].copy()}), ref,
                         Int8Tolerance(recall_at_k_min=0.9, cosine_min=-1.0))
     assert gated.failed_check.metric == "recall_at_k[pooler_output]"
 
@@ -238,7 +218,7 @@ def test_a_classifier_report_has_no_task_section_and_a_detector_one_has():
                                         "metrics": {"cosine_min": 0.99}, "checks": []}]}
     assert "Task" not in render_markdown({**base, "task": "classify"})
     logits, boxes = _detector_outputs()
-    stage = check_stage("quantize_int8", _Fixed({"logits": logits, "pred_boxes": boxes}),
+    stage = check_stage("quantize_int8", replayed({"logits": logits, "pred_boxes": boxes}),
                         _ref({"logits": logits, "pred_boxes": boxes}, "detect"), Int8Tolerance()).to_dict()
     md = render_markdown({"passed": True, "task": "detect", "task_source": "--task", "stages": [stage]})
     assert "## Task: detect" in md and "task: detect (from --task)" in md and "| quantize\\_int8 |" not in md
