@@ -81,3 +81,22 @@ def test_a_large_patch_conv_on_qdq_is_a_hazard_and_a_small_one_is_not():
     found = rknn_hazards(big)
     assert [(h.rule, h.node.name) for h in found] == [("rknn.patch_conv", "patch")]
     assert rknn_hazards(small) == []
+
+
+def test_append_after_repoints_readers_and_a_graph_output():
+    from onnx import TensorProto, helper
+
+    from vitexport.toolchains.rknn_graph import append_after, new_initializer
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["n"], name="neg")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2]),
+                           helper.make_tensor_value_info("n", TensorProto.FLOAT, [2])])
+    model = ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    r = next(n for n in model.graph if n.name == "relu").outputs[0]
+    mul = ir.node("Mul", [r, new_initializer(model, "three", np.array(3.0, np.float32))], name="times3")
+    append_after(model, r, [mul])
+    assert [n.name for n in model.graph] == ["relu", "times3", "neg"]
+    sess = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    out_r, out_n = sess.run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+    assert out_r.tolist() == [0.0, 6.0] and out_n.tolist() == [-0.0, -6.0]  # the output and the reader see the Mul

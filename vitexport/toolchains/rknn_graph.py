@@ -35,7 +35,7 @@ from ..graph.query import const_array, static_shape
 from ..runners.sessions import Session, SessionConfig
 
 __all__ = ["FullShapeMasks", "CollapseTransposes", "PaddedAvgPools", "HalvedGelus", "Hazard", "HAZARD_RULES", "rknn_hazards", "new_initializer", "producer",
-           "infer_shapes", "output_ranges", "activation_zp_dtype",
+           "infer_shapes", "append_after", "output_ranges", "activation_zp_dtype",
            "patch_convs", "patch_size", "conv_stride", "strided_convs", "space_to_depth_factor", "RKNN_FILL", "MAX_TRANSPOSE_RANK", "MAX_QDQ_PATCH",
            "MAX_QDQ_STRIDE"]
 
@@ -164,17 +164,10 @@ class PaddedAvgPools(GraphPass):
             node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 1)
             name = node.name or node.outputs[0].name
             corr = (float(np.prod(kernel)) / counts)[None, None]
-            uses = list(node.outputs[0].uses())
-            is_output = node.outputs[0].is_graph_output()
             mul = ir.node("Mul", [node.outputs[0], new_initializer(model, f"{name}_count_map", corr.astype(np.float32))],
                           name=f"{name}_count_Mul")
             mul.outputs[0].shape, mul.outputs[0].dtype = node.outputs[0].shape, node.outputs[0].dtype
-            model.graph.insert_after(node, [mul])
-            if is_output:
-                ir.convenience.replace_all_uses_with(node.outputs[0], mul.outputs[0], replace_graph_outputs=True)
-                mul.replace_input_with(0, node.outputs[0])
-            for user, idx in uses:
-                user.replace_input_with(idx, mul.outputs[0])
+            append_after(model, node.outputs[0], [mul])
             report.changed += 1
 
 
@@ -225,8 +218,6 @@ class HalvedGelus(GraphPass):
                 continue
             _, mul = found
             name = mul.name or mul.outputs[0].name
-            uses = list(mul.outputs[0].uses())
-            is_output = mul.outputs[0].is_graph_output()
             half = ir.node("Mul", [mul.outputs[0], new_initializer(model, f"{name}_half", np.array(0.5, np.float32))],
                            name=f"{name}_gelu_half")
             double = ir.node("Mul", [half.outputs[0], new_initializer(model, f"{name}_double", np.array(2.0, np.float32))],
@@ -234,12 +225,7 @@ class HalvedGelus(GraphPass):
             if mul.outputs[0].dtype is not None:
                 for n in (half, double):
                     n.outputs[0].shape, n.outputs[0].dtype = mul.outputs[0].shape, mul.outputs[0].dtype
-            model.graph.insert_after(mul, [half, double])
-            if is_output:
-                ir.convenience.replace_all_uses_with(mul.outputs[0], double.outputs[0], replace_graph_outputs=True)
-                half.replace_input_with(0, mul.outputs[0])
-            for user, idx in uses:
-                user.replace_input_with(idx, double.outputs[0])
+            append_after(model, mul.outputs[0], [half, double])
             report.changed += 1
 
 
@@ -415,6 +401,19 @@ def activation_zp_dtype(model: ir.Model) -> np.dtype:
     kinds = {const_array(n.inputs[2]).dtype for n in model.graph
              if n.op_type == "QuantizeLinear" and len(n.inputs) > 2 and const_array(n.inputs[2]) is not None}
     return np.dtype(np.int8) if kinds == {np.dtype(np.int8)} else np.dtype(np.uint8)
+
+
+def append_after(model: ir.Model, value: ir.Value, chain: Sequence[ir.Node]) -> None:
+    """``chain`` (nodes reading ``value``, the last one's output the result) inserted after ``value``'s
+    producer; every other reader of ``value`` reads the result, and so does the graph output it was."""
+    uses = [(user, idx) for user, idx in value.uses() if user not in chain]
+    model.graph.insert_after(value.producer(), list(chain))
+    result = chain[-1].outputs[0]
+    for user, idx in uses:
+        user.replace_input_with(idx, result)
+    for i, out in enumerate(model.graph.outputs):
+        if out is value:
+            model.graph.outputs[i] = result
 
 
 def output_ranges(model: ir.Model, feeds: Iterable[Mapping[str, np.ndarray]], names: Sequence[str]) -> dict[str, tuple[float, float]]:

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import const_array
 from ..runners.sessions import Session, SessionConfig
-from .rknn_graph import new_initializer
+from .rknn_graph import append_after, new_initializer
 from .rknn_qdq import LinearSite, linear_sites
 
 __all__ = ["channel_ranges", "channel_scales", "ScaledLinearOutputs", "SPREAD"]
@@ -126,13 +126,10 @@ class ScaledLinearOutputs(GraphPass):
                 report.skipped[site.matmul.name] = "its weight has no per-output-channel scale to divide"
                 continue
             _divide_bias(model, site, s)
-            uses = list(out.uses())
             mul = ir.node("Mul", [out, new_initializer(model, f"{out.name}_channel_scale", s)],
                           name=f"{site.matmul.name}_channel_scale")
             mul.outputs[0].name = f"{out.name}_rescaled"
             mul.outputs[0].shape, mul.outputs[0].dtype = out.shape, out.dtype
-            model.graph.insert_after((site.bias_add or site.matmul), [mul])
-            for node, idx in uses:
-                node.replace_input_with(idx, mul.outputs[0])
+            append_after(model, out, [mul])
             self.ranges[out.name] = (float((lo / s).min()), float((hi / s).max()))
             report.changed += 1
