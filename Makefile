@@ -34,7 +34,7 @@ RKNN_TOOLKIT := rknn-toolkit2==2.5.0
 TORCH_PIN    := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 
 # rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4 and imports torch: it lives in a venv of
-# its own that only vitexport/toolchains/rknn_worker.py runs in. Its own requirements go in first
+# its own that only vitexport/targets/rknn/worker.py runs in. Its own requirements go in first
 # (without the cache: CI's disk is tight), the toolkit itself with --no-deps (its torch<=2.4 pin is
 # stricter than what works), then scripts/share_torch.py links the project venv's torch (the one pin in
 # pyproject.toml) and what torch requires into it instead of a second 5.3 GB CUDA build: 626 MB, not
@@ -42,12 +42,12 @@ TORCH_PIN    := $(shell sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 # (never pip install into it: an uninstall would follow the links into .venv); otherwise a no-op.
 RKNN_STAMP := $(RKNN_VENV)/.installed-$(subst ==,-,$(TORCH_PIN)-$(RKNN_TOOLKIT))
 RKNN_PIP   := $(RKNN_VENV)/bin/python -m pip install --quiet --no-cache-dir
-$(RKNN_STAMP): vitexport/toolchains/rknn-requirements.txt scripts/share_torch.py
+$(RKNN_STAMP): vitexport/targets/rknn/requirements.txt scripts/share_torch.py
 	@test -x $(BIN)/python || { echo "make setup-rknn borrows torch from $(VENV): run make setup first"; exit 2; }
 	rm -rf $(RKNN_VENV)
 	$(PYTHON) -m venv $(RKNN_VENV)
 	$(RKNN_PIP) --upgrade pip
-	$(RKNN_PIP) -r vitexport/toolchains/rknn-requirements.txt
+	$(RKNN_PIP) -r vitexport/targets/rknn/requirements.txt
 	$(RKNN_PIP) --no-deps '$(RKNN_TOOLKIT)'
 	$(BIN)/python scripts/share_torch.py $(RKNN_VENV)
 	$(RKNN_VENV)/bin/python -I -c "import torch, rknn.api; assert torch.__version__.startswith('$(subst torch==,,$(TORCH_PIN))')"

@@ -11,7 +11,7 @@ held-out split cut in two), which export with their ``parity`` split as the gate
 their ``score`` split, which neither calibration nor the gate nor the fallback selection saw.
 Per model: vitexport exports with the ``rk3588`` recipe up to its INT8 file (:data:`RKNN_SETS`: the
 bench compiles every route itself); then the float graph, its Q/DQ file and its calibration table go to
-rknn-toolkit2 (``make setup-rknn``) by the three routes of :mod:`vitexport.toolchains.rknn_routes`,
+rknn-toolkit2 (``make setup-rknn``) by the three routes of :mod:`vitexport.targets.rknn.routes`,
 the ``qdq`` route's file being what ``--target rk3588`` compiles. OpenVINO: the ``openvino`` recipe's
 FP32 and INT8 files on the CPU plugin. Parity is measured against the torch model's
 logits on held-out inputs no calibration saw; the INT8 share comes from RKNN's own op table.
@@ -29,13 +29,14 @@ from bench.cases import CASES, prepare_case
 from bench.models import MODELS, prepare_model
 from bench.npu_models import SWIN_TITLE, prepare_swin
 from vitexport.api import export
-from vitexport.runners import OnnxRuntimeRunner, OpenVinoRunner
+from vitexport.runners import OnnxRuntimeRunner
+from vitexport.targets.openvino.runner import OpenVinoRunner
 from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
 from vitexport.graph.split import split_integer_prefix
-from vitexport.targets.rk3588 import Rk3588Target
-from vitexport.toolchains.rknn import RknnRequest, run_rknn
-from vitexport.toolchains.rknn_routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
+from vitexport.targets.rknn.rk3588 import Rk3588Target
+from vitexport.targets.rknn.client import RknnRequest, run_rknn
+from vitexport.targets.rknn.routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
 
 __all__ = ["main", "RKNN_SETS", "OV_SETS", "CASE_MODELS", "bench_model", "bench_openvino"]
 

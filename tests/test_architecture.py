@@ -10,7 +10,7 @@ initialising already).
 A second, stricter view counts type-only imports too, between modules (a package's ``__init__``
 re-exports left out): two modules that name each other's classes, even only in annotations, know
 each other; the lower one takes a ``Protocol`` of what it reads (``stages.base.RunTarget``,
-``quantize.annotate.AnnotateTarget``, ``targets.tensorrt_engine.TensorRTTarget``).
+``quantize.annotate.AnnotateTarget``, ``targets.tensorrt.engine.TensorRTTarget``).
 """
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def test_an_unknown_output_is_refused_before_any_work(models):
 
 
 def test_two_outputs_compile_for_rk3588_and_the_simulator_gates_each(models, tmp_path):
-    from vitexport.toolchains.rknn import rknn_missing
+    from vitexport.targets.rknn.client import rknn_missing
 
     missing = rknn_missing()
     if missing:

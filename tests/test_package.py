@@ -26,9 +26,10 @@ from cli_helpers import ROOT
 pytestmark = pytest.mark.slow
 
 #: package data an installed vitexport reads: each target's recipe and the demo (model, weights, splits)
-PACKAGE_DATA = ("vitexport/targets/orin.yaml", "vitexport/targets/orin-jp5.yaml", "vitexport/targets/npu.yaml",
-                "vitexport/targets/cpu.yaml", "vitexport/demo/demo_vit.safetensors", "vitexport/demo/calib.npz",
-                "vitexport/demo/heldout.npz")
+PACKAGE_DATA = ("vitexport/targets/tensorrt/orin.yaml", "vitexport/targets/tensorrt/orin-jp5.yaml",
+                "vitexport/targets/npu.yaml", "vitexport/targets/cpu.yaml", "vitexport/targets/rknn/rk3588.yaml",
+                "vitexport/targets/openvino/openvino.yaml", "vitexport/targets/rknn/worker.py",
+                "vitexport/demo/demo_vit.safetensors", "vitexport/demo/calib.npz", "vitexport/demo/heldout.npz")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:

@@ -284,4 +284,5 @@ def compare(
     return compare_models(
         a, b, parity_data, layers=layers, out_dir=Path(out) if out else None, tolerance=recipe.tolerance(stage),
         stage=stage, weights=weights, input_shape=input_shape, num_samples=num_samples,
+        artifacts={suffix: cls.open_artifact for cls in registered_targets().values() for suffix in cls.artifact_suffixes},
     )

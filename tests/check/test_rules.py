@@ -12,7 +12,7 @@ from vitexport.check import check_file, rules_checked
 from vitexport.check.types import type_violations
 from vitexport.errors import BadInput
 from vitexport.targets import load_target, registered_targets
-from vitexport.targets.tensorrt_ops import TENSORRT_8_6, TENSORRT_10_3
+from vitexport.targets.tensorrt.ops import TENSORRT_8_6, TENSORRT_10_3
 
 # (id, recipe, overrides, model, {rule: node it names (None: not a node)})
 PLANTED = [

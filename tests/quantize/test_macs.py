@@ -17,7 +17,7 @@ from qcases import target
 from vitexport.graph.macs import conv_groups, layer_macs
 from vitexport.quantize.precision import precision_summary
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "toolchains"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "targets" / "rknn"))
 from rknn_models import CONV_MACS, qdq_convs  # noqa: E402
 
 #: after the convs: 16 tokens x 32 channels → MatMul to 8 (K = 32), mean over tokens → Gemm to 5 (K = 8)

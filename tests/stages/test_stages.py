@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from vitexport.runners import tensorrt_available
+from vitexport.targets.tensorrt.runner import tensorrt_available
 from vitexport.recipe import PASS_STAGES, StageName
 from vitexport.stages import Contribution, QuantizeStage, Stage, content_key, pipeline_stages
 from vitexport.targets import load_recipe, load_target, registered_targets
-from vitexport.targets.tensorrt_engine import TENSORRT, BuildEngineStage
+from vitexport.targets.tensorrt.engine import TENSORRT, BuildEngineStage
 
 
 @pytest.mark.parametrize("name", list(registered_targets()))

@@ -20,8 +20,8 @@ from vitexport.parity.share import FloatLayer, Int8Share, gate_int8_share
 from vitexport.parity.stage import StageResult
 from vitexport.recipe import Tolerance
 from vitexport.targets import load_recipe, load_target
-from vitexport.targets.registry import registered_targets, target_class
-from vitexport.toolchains.rknn import rknn_missing
+from vitexport.targets._registry import registered_targets, target_class
+from vitexport.targets.rknn.client import rknn_missing
 
 
 def _share() -> Int8Share:

@@ -28,8 +28,8 @@ from vitexport.parity.report import md_text, render_html, render_markdown
 from vitexport.pipeline import run_pipeline
 from vitexport.sources.base import LoadedModel, OutputAdapter
 from vitexport.targets import load_target
-from vitexport.targets.registry import registered_targets, target_class
-from vitexport.toolchains.rknn import rknn_missing
+from vitexport.targets._registry import registered_targets, target_class
+from vitexport.targets.rknn.client import rknn_missing
 
 IMG = 32
 TARGETS = ["orin", "openvino", "cpu", "npu", pytest.param("rk3588", marks=pytest.mark.slow)]

@@ -21,7 +21,7 @@ from .lint import LINT_RULES, lint_model, value_info_names
 from .violation import CheckResult, Violation
 
 if TYPE_CHECKING:  # the target is handed in: check/ never imports a target
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = ["run_checker", "model_violations", "check_model", "check_file", "recipe_label", "rules_checked"]
 

@@ -16,7 +16,7 @@ from ..check import Violation, model_violations, recipe_label, run_checker
 from ..errors import ContractViolation
 
 if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = ["raise_violations", "check_contract"]
 

@@ -26,7 +26,7 @@ from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
 
 if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 

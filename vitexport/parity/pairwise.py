@@ -1,22 +1,23 @@
 """``vitexport parity --compare A B``: two models, the same inputs, one verdict.
 
 ``A`` is the reference: an ONNX file or a model URI (``timm:``, ``python:``...); ``B`` is the
-candidate: an ONNX file (or a TensorRT plan where TensorRT is available, or another URI). With
-``layers=True`` the report also names the first block where B leaves the budget.
+candidate: an ONNX file, another URI, or a file a target's runtime runs (opened by that target's own
+runner, handed in as ``artifacts``: this module names no backend). With ``layers=True`` the report also
+names the first block where B leaves the budget.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..calibration import load_samples
 from ..calibration.feeds import FeedSet
 from ..errors import BadInput
-from ..runners import OnnxRuntimeRunner, TensorRTRunner, tensorrt_available
+from ..runners import OnnxRuntimeRunner
 from ..runners.base import BaseRunner
 from ..recipe import Tolerance
 from .layers import LayerReport, localize_layers, localize_onnx
@@ -24,14 +25,16 @@ from .reference import capture_reference
 from .report import write_reports
 from .stage import ParityRun, check_stage
 
-__all__ = ["compare_models", "COMPARE_STAGE", "DEFAULT_COMPARE_TOLERANCE"]
+__all__ = ["compare_models", "COMPARE_STAGE", "DEFAULT_COMPARE_TOLERANCE", "ArtifactOpener"]
+
+#: an inactive runner over a file a target's runtime runs (``Target.open_artifact``)
+ArtifactOpener = Callable[[Path], BaseRunner]
 
 COMPARE_STAGE = "compare"
 # Two FP32 exports of one model agree to float32 round-off; the CLI passes a recipe stage's
 # tolerance instead when B is quantized.
 DEFAULT_COMPARE_TOLERANCE = Tolerance(max_abs=1e-4)
 _ONNX_SUFFIXES = (".onnx",)
-_PLAN_SUFFIXES = (".plan", ".engine", ".trt")
 
 
 @dataclass
@@ -40,7 +43,7 @@ class _Side:
     runner: BaseRunner
     example: dict[str, np.ndarray]
     static_batch: int | None
-    kind: str  # "onnx" | "torch" | "tensorrt"
+    kind: str  # "onnx" | "torch" | the runner's engine for a target's artifact
     module: Any = None
 
 
@@ -71,13 +74,14 @@ def _open_onnx(spec: str, **_: Any) -> _Side:
     return _file_side(spec, runner, "onnx")
 
 
-def _open_plan(spec: str, **_: Any) -> _Side:
+def _open_artifact(spec: str, opener: ArtifactOpener) -> _Side:
+    """A target's artifact behind its own runner (activation says what is missing to run it here)."""
     path = Path(spec)
-    if not tensorrt_available():
-        raise BadInput(f"{path}: comparing a TensorRT engine needs the tensorrt package and a GPU")
-    runner = TensorRTRunner(path, name=path.name)  # pragma: no cover - needs TensorRT
-    runner.activate()  # pragma: no cover
-    return _file_side(spec, runner, "tensorrt")  # pragma: no cover
+    if not path.is_file():
+        raise BadInput(f"file not found: {path}")
+    runner = opener(path)
+    runner.activate()
+    return _file_side(spec, runner, runner.engine)
 
 
 def _open_uri(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
@@ -91,20 +95,25 @@ def _open_uri(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
     return _Side(spec, runner, example, None, "torch", loaded.module)
 
 
-#: the one runner factory: what a spec names (test, opener), first match wins
+#: the one runner factory: what a spec names (test, opener), first match wins; a target's artifact
+#: (by its suffix) before a URI
 _OPENERS: tuple[tuple[Callable[[str], bool], Callable[..., _Side]], ...] = (
     (lambda spec: Path(spec).suffix.lower() in _ONNX_SUFFIXES, _open_onnx),
-    (lambda spec: Path(spec).suffix.lower() in _PLAN_SUFFIXES, _open_plan),
     (_is_uri, _open_uri),
 )
 
 
-def _open(spec: str, *, weights, input_shape, batch_size: int) -> _Side:
-    """An active runner over ``spec`` (an ONNX file, a TensorRT plan or a model URI)."""
-    for matches, opener in _OPENERS:
+def _open(spec: str, *, weights, input_shape, batch_size: int, artifacts: Mapping[str, ArtifactOpener]) -> _Side:
+    """An active runner over ``spec`` (an ONNX file, a target's artifact or a model URI)."""
+    opener = artifacts.get(Path(spec).suffix.lower())
+    if opener is not None and Path(spec).suffix.lower() not in _ONNX_SUFFIXES:
+        return _open_artifact(spec, opener)
+    for matches, open_side in _OPENERS:
         if matches(spec):
-            return opener(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
-    raise BadInput(f"'{spec}': expected an .onnx file, a TensorRT plan or a model URI (timm:, torchvision:, hf:, python:)")
+            return open_side(spec, weights=weights, input_shape=input_shape, batch_size=batch_size)
+    files = ", ".join(sorted(artifacts))
+    raise BadInput(f"'{spec}': expected an .onnx file, a model URI (timm:, torchvision:, hf:, python:)"
+                   + (f" or a file a target runs ({files})" if files else ""))
 
 
 def compare_models(
@@ -120,12 +129,13 @@ def compare_models(
     batch_size: int = 8,
     num_samples: int | None = None,
     stage: str = COMPARE_STAGE,
+    artifacts: Mapping[str, ArtifactOpener] | None = None,
 ) -> ParityRun:
     """Compare model ``b`` with model ``a`` on the samples in ``data_path``.
 
     Args:
         a: the reference: an ONNX path or a model URI (loaded with ``sources.load_model``).
-        b: the candidate: an ONNX path (a TensorRT plan or a URI also work).
+        b: the candidate: an ONNX path (a URI, or a file ``artifacts`` opens, also work).
         data_path: parity data (``.npz`` with one array per input and optional ``y`` labels, or
             an image folder), read with ``calibration.load_samples``.
         layers: add per-layer localisation (the first block where ``b`` leaves the budget).
@@ -135,6 +145,8 @@ def compare_models(
         batch_size: batch for models with a dynamic batch (a static batch is used as is).
         num_samples: use at most this many samples (seeded choice).
         stage: the stage name in the report.
+        artifacts: file suffix → opener of a target's artifact (``Target.open_artifact``; what
+            :func:`vitexport.api.compare` hands in from the registered targets).
     Returns:
         A :class:`ParityRun` with one stage; ``run.passed`` is false when ``b`` differs beyond
         tolerance (the CLI exits 1).
@@ -143,8 +155,9 @@ def compare_models(
     """
     tolerance = tolerance or DEFAULT_COMPARE_TOLERANCE
     t0 = time.perf_counter()
-    side_a = _open(a, weights=weights, input_shape=input_shape, batch_size=batch_size)
-    side_b = _open(b, weights=weights, input_shape=input_shape, batch_size=batch_size)
+    opened = dict(weights=weights, input_shape=input_shape, batch_size=batch_size, artifacts=artifacts or {})
+    side_a = _open(a, **opened)
+    side_b = _open(b, **opened)
     try:
         if set(side_a.example) != set(side_b.example):
             raise BadInput(f"the models' inputs differ: {a} has {sorted(side_a.example)}, {b} has {sorted(side_b.example)}")

@@ -39,7 +39,7 @@ from .profile import QuantProfile
 from .spec import NodeKind, NodeSpec, QuantPlan
 
 if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
 

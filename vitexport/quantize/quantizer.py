@@ -34,7 +34,7 @@ from .spec import NodeKind, QuantPlan
 from .tail import GateInfo
 
 if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = ["QuantReport", "quantize_int8", "prepare_model", "attention_summary", "screen_size"]
 

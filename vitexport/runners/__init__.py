@@ -1,6 +1,6 @@
-"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, OpenVINO's CPU
-plugin, TensorRT (through Polygraphy, imported lazily), and outputs recorded by an engine that runs in
-another process (RKNN's simulator).
+"""Backend-neutral runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, and
+outputs recorded by an engine that runs in another process (a vendor's simulator). A vendor's own runner
+lives in its folder under :mod:`vitexport.targets` and reaches the rest of the package through its target.
 
 ``TorchRunner`` (and ``primary_output``) load on first use, so ONNX-only work — quantizing, comparing
 two ONNX files — never pays for importing torch.
@@ -11,10 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .base import BaseRunner, InputSpec, feed_size
 from .ort_runner import QDQ_AS_FLOAT, OnnxRuntimeRunner
-from .openvino_runner import OpenVinoRunner, RuntimePrecisions, runtime_precisions, save_ir
 from .recorded_runner import RecordedRunner, feed_digest, record_outputs
 from .reference_runner import OnnxReferenceRunner
-from .trt_runner import TensorRTRunner, require_tensorrt, tensorrt_available, tensorrt_missing
 
 if TYPE_CHECKING:
     from .torch_runner import TorchRunner, primary_output
@@ -30,14 +28,6 @@ __all__ = [
     "RecordedRunner",
     "record_outputs",
     "feed_digest",
-    "OpenVinoRunner",
-    "RuntimePrecisions",
-    "runtime_precisions",
-    "save_ir",
-    "TensorRTRunner",
-    "tensorrt_available",
-    "tensorrt_missing",
-    "require_tensorrt",
     "primary_output",
 ]
 

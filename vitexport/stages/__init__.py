@@ -30,7 +30,7 @@ from .quantize import QuantizeStage
 from .torch_passes import PassStage
 
 if TYPE_CHECKING:
-    from ..targets.base import Target
+    from ..targets._base import Target
 
 __all__ = [
     "Stage",

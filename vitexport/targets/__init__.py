@@ -1,25 +1,26 @@
-"""Targets as plug-ins: one module per place an artifact runs, found through a registry.
+"""Targets as plug-ins: one module per place an artifact runs, found through a registry, and one folder
+per vendor backend holding everything that names it.
 
-:class:`Target` (:mod:`.base`) is the API a target module implements; :mod:`.registry` holds the
+:class:`Target` (:mod:`._base`) is the API a target module implements; :mod:`._registry` holds the
 registered targets (``@register_target``; third-party packages through the ``vitexport.targets``
 entry-point group) and resolves ``--target NAME`` to the target's default recipe. The targets
 vitexport ships, each a module with its default recipe beside it:
 
-- ``orin`` (:mod:`.orin`): Jetson Orin, TensorRT 10 (JetPack 6.1+), strongly typed Q/DQ;
-- ``orin-jp5`` (:mod:`.orin_jp5`): Jetson Orin, TensorRT 8.5 / 8.6 (JetPack 5 / 6.0);
-- ``npu`` (:mod:`.npu`): a generic edge NPU, per-tensor INT8, no float16;
+- ``npu`` (:mod:`.npu`): a generic edge NPU, per-tensor INT8, no float16 (a paper contract);
 - ``cpu`` (:mod:`.cpu`): x86 through ONNX Runtime's integer kernels;
-- ``rk3588`` (:mod:`.rk3588`): Rockchip RK3588's NPU, ``model.rknn`` compiled by rknn-toolkit2 and gated on
-  its x86 simulator (:mod:`.rknn_stages`);
-- ``openvino`` (:mod:`.openvino`): OpenVINO IR, gated on OpenVINO's CPU plugin (the same IR is what
-  Intel's NPU plugin compiles).
+- :mod:`.tensorrt`: ``orin`` (Jetson Orin, TensorRT 10, JetPack 6.1+, strongly typed Q/DQ) and ``orin-jp5``
+  (TensorRT 8.5 / 8.6, JetPack 5 / 6.0), with TensorRT's parser op lists, Q/DQ rules, engine stage,
+  runner and calibration cache;
+- :mod:`.rknn`: ``rk3588`` (Rockchip RK3588's NPU, ``model.rknn`` compiled by rknn-toolkit2 in its worker
+  and gated on its x86 simulator), with the worker's client, RKNN's graph forms, INT8 layout and routes;
+- :mod:`.openvino`: ``openvino`` (OpenVINO IR, gated on OpenVINO's CPU plugin; the same IR is what
+  Intel's NPU plugin compiles), with its runner.
 
-TensorRT's parts shared by both orin targets: :mod:`.tensorrt_ops` (parser operator lists),
-:mod:`.tensorrt_rules` (Q/DQ rules), :mod:`.tensorrt_engine` (``build_engine.sh``, the engine stage).
+A vendor's name appears in code only inside its folder here (``tests/test_architecture.py``).
 """
-from . import cpu, npu, openvino, orin, orin_jp5, rk3588  # noqa: F401  - each module registers its target
-from .base import Target, TargetOptions
-from .registry import (
+from . import cpu, npu, openvino, rknn, tensorrt  # noqa: F401  - each module registers its target(s)
+from ._base import Target, TargetOptions
+from ._registry import (
     DEFAULT_TARGET,
     ENTRY_POINT_GROUP,
     build_target,

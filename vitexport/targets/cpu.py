@@ -9,8 +9,8 @@ Q/DQ: the shared rules only. Its fused integer kernels are the runtime, so the I
 """
 from __future__ import annotations
 
-from .base import Target
-from .registry import register_target
+from ._base import Target
+from ._registry import register_target
 
 __all__ = ["CpuTarget"]
 

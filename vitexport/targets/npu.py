@@ -13,8 +13,8 @@ import onnx_ir as ir
 from ..check.contract import float16_violations
 from ..check.rules import RuntimeRules, qdq_scale, violation
 from ..check.violation import Violation
-from .base import Target
-from .registry import register_target
+from ._base import Target
+from ._registry import register_target
 
 __all__ = ["NpuTarget", "NpuRules"]
 

@@ -1,0 +1,88 @@
+"""The openvino target end to end: a timm ViT through the whole pipeline into OpenVINO IR, gated on the
+CPU plugin, with every quantized Linear (the classifier head too, whose runtime layer OpenVINO names
+after the graph output) found in an integer kernel of the runtime model."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from vitexport.calibration.data import NpzSamples
+from vitexport.graph.files import load_model
+from vitexport.graph.query import quantized_linears
+from vitexport.pipeline import run_pipeline
+from vitexport.targets.openvino.runner import OpenVinoRunner
+from vitexport.targets.openvino.runner import RuntimePrecisions
+from vitexport.sources.base import LoadedModel, OutputAdapter
+from vitexport.targets import load_target
+from vitexport.targets.openvino.target import linears_not_int8, runtime_share
+
+IMG = 32
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A one-block ViT-Tiny-width model (32x32, 8x8 patches, 10 classes) exported for openvino."""
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=IMG, patch_size=8, num_classes=10)
+    module = OutputAdapter(vit.eval(), ["image"], keyword=False).eval()
+    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
+    model = LoadedModel(module, {"image": torch.from_numpy(images[:1])}, "vit", "timm", "timm:vit_tiny(depth=1)")
+    out = tmp_path_factory.mktemp("ov") / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arts = run_pipeline(model, load_target("openvino", ["quantization.measure_latency=false"]), out,
+                            calib=NpzSamples({"image": images[:32]}), parity_data=NpzSamples({"image": images[32:]}))
+    return arts, out
+
+
+def test_every_quantized_linear_runs_int8_the_head_included(exported):
+    arts, out = exported
+    assert arts.passed
+    assert (out / "model.xml").is_file() and (out / "model.bin").is_file()
+    runtime = json.loads((out / "manifest.json").read_text())["runtime"]["build_engine"]
+    linears = quantized_linears(load_model(out / "model.int8.onnx"))
+    head = [n for n in linears if any(v.is_graph_output() for v in n.outputs)]
+    assert len(head) == 1  # the classifier head writes the graph output: the case the layer naming hides
+    assert runtime["quantized_linears"] == len(linears) == 5  # qkv, proj, fc1, fc2, head
+    assert runtime["linears_not_int8"] == []
+    assert runtime["int8_share"] == 1.0
+
+
+def test_a_linear_without_an_integer_kernel_is_named(exported):
+    """The same runtime model with the head's layer dropped from the integer ones: the head is reported,
+    by its ONNX node name."""
+    _, out = exported
+    linears = quantized_linears(load_model(out / "model.int8.onnx"))
+    with OpenVinoRunner(out / "model.xml") as run:
+        prec = run.precisions()
+    head = next(n for n in linears if any(v.is_graph_output() for v in n.outputs))
+    out_names = {v.name for v in head.outputs}
+    without = RuntimePrecisions(macs=prec.macs, layers=prec.layers,
+                                int8_layers=[layer for layer in prec.int8_layers if not out_names & set(layer)])
+    assert len(without.int8_layers) == len(prec.int8_layers) - 1
+    assert linears_not_int8(without, linears) == [head.name]
+    assert linears_not_int8(prec, linears) == []
+
+
+def test_the_runtime_share_is_gated_and_a_float_layer_is_named_with_why(exported):
+    """build_engine gates OpenVINO's own figure (all INT8 here); a quantized Linear the runtime ran in
+    float would be named after its ONNX node, Q/DQ'd in the file yet not in an integer kernel."""
+    _, out = exported
+    doc = json.loads((out / "parity.json").read_text())
+    stage = next(s for s in doc["stages"] if s["stage"] == "build_engine")
+    check = next(c for c in stage["checks"] if c["metric"] == "int8_share")
+    assert check["passed"] and check["limit"] == 0.95 and stage["details"]["int8_share"]["share"] == 1.0
+    with OpenVinoRunner(out / "model.xml") as run:
+        prec = run.precisions()
+    fc1 = next(layer for layer in prec.int8_layers if any("fc1/MatMul" in n for n in layer))
+    moved = RuntimePrecisions(macs={"FullyConnected": {"u8": 3 * 64, "f32": 64}}, layers=prec.layers,
+                              int8_layers=[x for x in prec.int8_layers if x != fc1],
+                              float_layers=[(fc1, "FullyConnected", "f32", 64)])
+    share = runtime_share(moved, {n.name for n in quantized_linears(load_model(out / "model.int8.onnx"))}, [])
+    assert share.share == 0.75 and [f.name for f in share.float_layers] == ["/model/model/blocks/blocks.0/mlp/fc1/MatMul"]
+    assert "Q/DQ'd in model.int8.onnx, yet OpenVINO's low-precision transformations kept it in f32" in share.float_layers[0].why
