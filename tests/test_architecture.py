@@ -1,6 +1,8 @@
 """The shape of the code, checked from its syntax tree: no import circle (in ``vitexport/`` and
-``bench/``), no function over 80 lines in ``vitexport/``, and no target named outside
-``vitexport/targets/`` (the rest of the package is handed a ``Target`` and asks it).
+``bench/``), no function over 80 lines in ``vitexport/``, no target named outside
+``vitexport/targets/`` (the rest of the package is handed a ``Target`` and asks it), and one folder per
+vendor backend there: a vendor's name (TensorRT, RKNN, OpenVINO, Vela...) appears in code only inside its
+folder, and only the entry points (``api``, ``cli``) import ``vitexport.targets``.
 
 An import inside a function still counts as an edge: a circle dodged by a lazy import is a circle.
 Only ``if TYPE_CHECKING:`` imports are left out (they never run). Importing ``a.b`` runs ``a`` first,
@@ -15,6 +17,7 @@ each other; the lower one takes a ``Protocol`` of what it reads (``stages.base.R
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from cli_helpers import ROOT
@@ -183,3 +186,108 @@ def test_no_target_is_named_outside_vitexport_targets():
             if isinstance(n, ast.Attribute) and n.attr in members and id(n) not in calls:
                 found.append(f"{path.relative_to(ROOT)}:{n.lineno} .{n.attr}")
     assert found == []
+
+
+#: each backend folder under ``vitexport/targets/`` and the words that name its vendor in code (an
+#: identifier, an import, a string that is not a docstring; comments and docstrings may name anyone)
+VENDOR_WORDS = {
+    "tensorrt": r"tensorrt|polygraphy|(?<![a-z])trt",
+    "rknn": r"rknn|rockchip",
+    "openvino": r"openvino",
+    "ethos_u": r"(?<![a-z])ethos|(?<![a-z])vela(?![a-z])",
+}
+#: the modules that build a run's target from a name; everything else is handed one (or a protocol of it)
+TARGET_IMPORTERS = {"vitexport.api", "vitexport.cli"}
+#: backend folders the package ships at least
+MIN_BACKENDS = 3
+
+
+def _code_words(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, text) of what code says: names, attributes, definitions, arguments, keywords, imported
+    modules, and string constants that are not docstrings (a statement that is only a string)."""
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    out: list[tuple[int, str]] = []
+    for n in ast.walk(tree):
+        line = getattr(n, "lineno", 0)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            out.append((line, n.value))
+        elif isinstance(n, ast.Name):
+            out.append((line, n.id))
+        elif isinstance(n, ast.Attribute):
+            out.append((line, n.attr))
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append((line, n.name))
+        elif isinstance(n, ast.arg):
+            out.append((line, n.arg))
+        elif isinstance(n, ast.keyword) and n.arg:
+            out.append((line, n.arg))
+        elif isinstance(n, ast.ImportFrom):
+            out += [(line, n.module or "")] + [(line, a.name) for a in n.names]
+        elif isinstance(n, ast.Import):
+            out += [(line, a.name) for a in n.names]
+    return out
+
+
+def vendor_names(source: str, vendors: dict[str, str] = VENDOR_WORDS) -> list[tuple[int, str, str]]:
+    """(line, vendor, text) for each word of code in ``source`` that names one of ``vendors``."""
+    return [(line, vendor, text) for line, text in _code_words(ast.parse(source))
+            for vendor, pattern in vendors.items() if re.search(pattern, text, re.IGNORECASE)]
+
+
+def test_the_vendor_check_reads_code_not_prose():
+    """The check itself: an import, a name and a file suffix are code; a docstring and a comment are prose."""
+    source = ('"""Runs on TensorRT."""\nimport tensorrt as x  # TensorRT\n'
+              'def f(path):\n    """OpenVINO too."""\n    return path.suffix == ".trt" or OpenVinoRunner\n'
+              'STARTED = "restart"\n')
+    assert sorted((line, vendor) for line, vendor, _ in vendor_names(source)) == [
+        (2, "tensorrt"), (5, "openvino"), (5, "tensorrt")]
+
+
+def test_no_vendor_is_named_in_code_outside_vitexport_targets():
+    """quantize/, parity/, runners/ and the rest reach a backend through its target (``Target.contribution``,
+    ``Target.open_artifact``...): a vendor named anywhere else means a backend leaked out of its folder."""
+    found = [f"{p.relative_to(ROOT)}:{line} {vendor}: {text[:80]!r}"
+             for p in _sources("vitexport") if p.relative_to(ROOT).parts[1] != "targets"
+             for line, vendor, text in vendor_names(p.read_text())]
+    assert found == []
+
+
+def test_a_vendor_is_named_only_in_its_own_backend_folder():
+    """Inside targets/ too: the shared machinery (``_base``, ``_registry``, the ``cpu``/``npu`` contracts)
+    and other backends name no vendor; the package's ``__init__`` only imports the folders."""
+    root = ROOT / "vitexport" / "targets"
+    found = []
+    for p in _sources("vitexport/targets"):
+        rel = p.relative_to(root)
+        if rel == Path("__init__.py"):
+            continue
+        own = rel.parts[0] if len(rel.parts) > 1 else None
+        found += [f"{p.relative_to(ROOT)}:{line} {vendor}: {text[:80]!r}"
+                  for line, vendor, text in vendor_names(p.read_text()) if vendor != own]
+    assert found == []
+
+
+def test_only_the_entry_points_import_vitexport_targets():
+    """Lower layers type against the protocols they read (``stages.base.RunTarget``,
+    ``quantize.target.QuantizeTarget``, ``check.CheckTarget``), even in annotations: nothing below the
+    entry points points back at targets/."""
+    files = {_module_name(p): p for p in _sources("vitexport")}
+    found = []
+    for module, path in files.items():
+        if module == "vitexport.targets" or module.startswith("vitexport.targets.") or module in TARGET_IMPORTERS:
+            continue
+        for node in _imports(ast.parse(path.read_text()), type_only=True):
+            names = _imported(node, module, path.name == "__init__.py", set(files))
+            found += [f"{module}:{node.lineno} imports {n}" for n in names
+                      if n == "vitexport.targets" or n.startswith("vitexport.targets.")]
+    assert found == []
+
+
+def test_one_folder_per_backend_and_no_toolchains_folder():
+    """A vendor is one folder under targets/ (Polygraphy's backend/<runtime>/), each registering a target."""
+    assert not (ROOT / "vitexport" / "toolchains").exists()
+    folders = sorted(p.parent.name for p in (ROOT / "vitexport" / "targets").glob("*/__init__.py"))
+    assert len(folders) >= MIN_BACKENDS, folders
+    homes = {cls.__module__.split(".")[2] for cls in registered_targets().values()
+             if cls.__module__.startswith("vitexport.targets.") and cls.__module__.count(".") >= 3}
+    assert [f for f in folders if f not in homes] == [], "a backend folder that registers no target"

@@ -20,9 +20,10 @@ from vitexport.errors import ParityFailure
 from vitexport.io import sha256_file
 from vitexport.pipeline import REJECTED_DIR, STATE_FILE, run_pipeline
 from vitexport.progress import Heartbeat
-from vitexport.recipe import Recipe, StageName
+from vitexport.recipe import Recipe, StageName, TargetStage, read_recipe
 from vitexport.stages import INT8_ONNX, Contribution, RunContext, StageOutput, pipeline_stages
-from vitexport.targets import Target
+from vitexport.targets import Target, recipe_file
+from vitexport.targets.cpu import CpuTarget
 
 FAST = ("calibration.num_samples=16", "parity_data.synthetic_samples=8")
 KEYED = [StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
@@ -158,7 +159,7 @@ class _FloatQdqEngine:
     """An engine stage a runtime could contribute: cpu's Q/DQ model run as float Q/DQ ops (what a
     fake-quantizing runtime computes), where cpu's own gate runs ONNX Runtime's integer kernels."""
 
-    name: ClassVar[StageName] = StageName.build_engine
+    name: ClassVar[str] = "build_engine"
     needs_torch: ClassVar[bool] = False
 
     def enabled(self, recipe: Recipe) -> bool:
@@ -176,6 +177,17 @@ class _FloatQdqEngine:
         return OnnxRuntimeRunner(out.files["model.engine.onnx"], name=self.name, config=QDQ_AS_FLOAT)
 
 
+class _EngineCpu(CpuTarget):
+    """cpu with the stages an engine target declares (not registered: these tests build it from its recipe)."""
+
+    target_stages = (TargetStage("build_engine"), TargetStage("simulate"))
+
+
+def _engine_cpu(*overrides: str) -> _EngineCpu:
+    """An :class:`_EngineCpu` from cpu's recipe, read with that target's stages (``stages.build_engine``...)."""
+    return _EngineCpu(read_recipe(recipe_file("cpu"), [*FAST, *overrides], targets={"cpu": _EngineCpu}))
+
+
 def _readme(int8: Path, target: Target) -> Path:
     path = int8.parent / "RUN_ME.txt"
     path.write_text(f"{target.recipe.name}: run {int8.name} with Q/DQ as float ops\n")
@@ -186,9 +198,10 @@ def _readme(int8: Path, target: Target) -> Path:
 def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_path):
     """A contribution's files are written and recorded with quantize_int8; its stage runs after it,
     is gated with the recipe's tolerance for that stage and lands in the reports and the manifest."""
-    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    model, _, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    target = _engine_cpu()
     stages = pipeline_stages(target, Contribution(artifacts=(_readme,), stages=(_FloatQdqEngine(),)))
-    assert [s.name for s in stages][-2:] == [StageName.quantize_int8, StageName.build_engine]
+    assert [s.name for s in stages][-2:] == [StageName.quantize_int8, "build_engine"]
     arts = run_pipeline(model, target, tmp_path, calib=calib, parity_data=parity, stages=stages)
     assert arts.passed and {"RUN_ME.txt", "model.engine.onnx"} <= set(arts.files)
     by = _stages(tmp_path)
@@ -198,11 +211,10 @@ def test_a_contributed_stage_and_artifact_run_in_the_loop(tiny_vit_file, tmp_pat
     assert "RUN_ME.txt" in json.loads((tmp_path / STATE_FILE).read_text())["quantize_int8"]["artifacts"]
     assert "build_engine" in json.loads((tmp_path / "manifest.json").read_text())["stages"]
     # a disabled contributed stage is listed as skipped, like any other
-    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu",
-                                              overrides=(*FAST, "stages.build_engine.enabled=false"))
+    target = _engine_cpu("stages.build_engine.enabled=false")
     off = run_pipeline(model, target, tmp_path / "off", calib=calib, parity_data=parity,
                        stages=pipeline_stages(target, Contribution(stages=(_FloatQdqEngine(),))))
-    assert off.parity.skipped == [StageName.build_engine] and off.resumed == []
+    assert off.parity.skipped == ["build_engine"] and off.resumed == []
 
 
 @pytest.mark.slow
@@ -241,7 +253,7 @@ class _Sleeper:
     """A stage whose work sleeps, part of it for the next stage (a worker call that runs both, as
     rk3588's compile runs the simulator); its check runs the untouched model (exact)."""
 
-    name: ClassVar[StageName] = StageName.build_engine
+    name: ClassVar[str] = "build_engine"
     needs_torch: ClassVar[bool] = True
 
     def __init__(self, sleep_s: float, for_next_s: float):
@@ -255,20 +267,21 @@ class _Sleeper:
 
     def run(self, ctx: RunContext) -> StageOutput:
         time.sleep(self.sleep_s)
-        return StageOutput(later_work_s={StageName.simulate: self.for_next_s} if self.for_next_s else {})
+        return StageOutput(later_work_s={"simulate": self.for_next_s} if self.for_next_s else {})
 
     def runner(self, ctx: RunContext, out: StageOutput):
         return TorchRunner(ctx.model.module, ctx.model.example_inputs, name=self.name)
 
 
 class _Judge(_Sleeper):
-    name: ClassVar[StageName] = StageName.simulate
+    name: ClassVar[str] = "simulate"
 
 
 def test_a_long_stage_beats_and_work_done_for_a_later_stage_is_timed_there(tiny_vit_file, tmp_path):
     """A line every ``every_s`` while a stage runs; seconds a stage spent on the next stage's work
     (``later_work_s``) are moved to that stage, so that a stage run inside another's call has a time."""
-    model, target, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    model, _, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "cpu", overrides=FAST)
+    target = _engine_cpu()
     lines: list[str] = []
     arts = run_pipeline(model, target, tmp_path, calib=calib, parity_data=parity, log=lines.append,
                         stages=[_Sleeper(2.6, for_next_s=2.0), _Judge(0.0, 0.0)], heartbeat=Heartbeat(every_s=1.0))

@@ -129,7 +129,7 @@ def _check_task_outputs(model: LoadedModel, recipe: Recipe) -> None:
     """Before any work: ``--task`` must find the outputs its metrics read, and a per-output gate
     (``parity.<stage>.outputs.<name>``) must name an output the model has. A task the source
     inferred whose outputs ``--outputs`` left out is measured nowhere, which each stage's notes say."""
-    gated = {(str(stage), name) for stage in StageName for name in (recipe.tolerance(stage).outputs or {})}
+    gated = {(stage, name) for stage in recipe.stage_names() for name in (recipe.tolerance(stage).outputs or {})}
     if model.task is Task.classify and not gated:
         return
     import torch  # loaded already by the model's source
@@ -279,8 +279,8 @@ def compare(
     Returns:
         The :class:`~vitexport.parity.ParityRun`; ``run.passed`` is the verdict.
     """
-    stage = parse_stage(stage)  # BadInput naming the stages
     recipe = load_recipe(target, overrides)
+    stage = parse_stage(stage, recipe)  # BadInput naming the stages (the pipeline's and the target's)
     return compare_models(
         a, b, parity_data, layers=layers, out_dir=Path(out) if out else None, tolerance=recipe.tolerance(stage),
         stage=stage, weights=weights, input_shape=input_shape, num_samples=num_samples,

@@ -137,7 +137,7 @@ _TARGET_HELP = f"target name (see `vitexport targets`; default: {_DEFAULT_TARGET
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX / TensorRT artifacts.")
+    p = _Parser(prog="vitexport", description="PyTorch ViT → parity-checked INT8 ONNX and compiled engine artifacts.")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log each step (calibration passes, parity runs) with times; check: list every violation")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None,
                    help=f"target (or recipe YAML path) whose tolerances apply (default: {_DEFAULT_TARGET_MARK})")
     r.add_argument("--stage", default=StageName.simplify.value, metavar="STAGE",
-                   help=f"stage whose tolerance applies: {', '.join(StageName)} (default: %(default)s; quantize_int8 for an INT8 model)")
+                   help=f"stage whose tolerance applies: {', '.join(StageName)} or one the target adds (default: %(default)s; "
+                        "quantize_int8 for an INT8 model)")
     r.add_argument("--weights", default=None, help="weights for a model URI given to --compare")
     r.add_argument("--input-shape", default=None, help="N,C,H,W for a model URI given to --compare")
     r.add_argument("--num-samples", type=int, default=None, help="compare on at most this many samples (default: all)")

@@ -52,8 +52,7 @@ from .progress import Heartbeat
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .runners import TorchRunner, feed_size
 from .sources import LoadedModel
-from .stages import RunContext, Stage, StageOutput, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
-from .targets import Target
+from .stages import RunContext, RunTarget, Stage, StageOutput, StageSkipped, content_key, module_hash, pipeline_stages, trim_memory
 
 _log = logging.getLogger("vitexport.pipeline")
 
@@ -183,7 +182,7 @@ def _when(finished: str | None) -> str:
 
 def run_pipeline(
     model: LoadedModel,
-    target: Target,
+    target: RunTarget,
     out_dir: Path,
     *,
     calib: SampleSet,
@@ -290,7 +289,7 @@ def _note_data_check(run: ParityRun, check: DataCheck, log: Callable[[str], None
                          "difference(s); see 'Calibration and parity data')")
 
 
-def _begin(model: LoadedModel, target: Target, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
+def _begin(model: LoadedModel, target: RunTarget, out_dir: Path, parity_data: SampleSet, calib: SampleSet,
            layers: bool, keep_source: bool, arts: Artifacts, meter: PeakMeter) -> RunContext:
     """Capture the golden reference and open the run's context (its first content key)."""
     out_dir.mkdir(parents=True, exist_ok=True)

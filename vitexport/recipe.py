@@ -11,24 +11,32 @@ through exactly the same checks as the file; an error in a key a ``--set`` wrote
 ``--set``, not the file, and an unknown key comes with the nearest one the schema takes
 (``--set quantization.smoth=0.5: unknown key 'smoth' in quantization; did you mean 'smooth'?``).
 
-Stage names are a :class:`StageName` (a ``str`` enum, so ``"simplify"`` and ``StageName.simplify``
-are equal and hash alike). Each stage's parity contract is one typed field of :class:`ParitySpec`
-with that stage's own defaults; a recipe (or ``--set parity.quantize_int8.cosine_min=0.95``) that
-gives only some of its keys keeps the stage's other gates.
+The pipeline's own stages are a :class:`StageName` (a ``str`` enum, so ``"simplify"`` and
+``StageName.simplify`` are equal and hash alike). A target adds stages after ``quantize_int8`` (an engine
+build, a simulator) and declares them itself (:class:`TargetStage`, ``Target.target_stages``): the recipe
+validated for that target (:func:`recipe_schema`) takes their keys in ``stages:`` and ``parity:``, and
+no other recipe does, so a plug-in adds a stage without editing this module and an unknown key is still
+an error. Each stage's parity contract is one typed field of :class:`ParitySpec` with that stage's own
+defaults; a recipe (or ``--set parity.quantize_int8.cosine_min=0.95``) that gives only some of its keys
+keeps the stage's other gates.
 """
 from __future__ import annotations
 
 import enum
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from .errors import BadInput, did_you_mean
 
 __all__ = [
     "StageName",
+    "TargetStage",
     "Task",
     "TASK_GATES",
     "OutputTolerance",
@@ -37,10 +45,13 @@ __all__ = [
     "LayerNormMode",
     "Exporter",
     "Tolerance",
+    "EngineTolerance",
     "ParitySpec",
     "Recipe",
     "STAGE_NAMES",
     "read_recipe",
+    "recipe_schema",
+    "with_target_stages",
     "parse_override",
     "parse_stage",
 ]
@@ -50,7 +61,8 @@ class _Spec(BaseModel):
 
 
 class StageName(enum.StrEnum):
-    """The pipeline's stages, in order. A ``str``: it compares and hashes like its value."""
+    """The pipeline's own stages, in order (a target's follow ``quantize_int8``: :class:`TargetStage`).
+    A ``str``: it compares and hashes like its value."""
 
     reparameterize = "reparameterize"
     freeze_layernorm = "freeze_layernorm"
@@ -59,8 +71,6 @@ class StageName(enum.StrEnum):
     export_onnx = "export_onnx"
     simplify = "simplify"
     quantize_int8 = "quantize_int8"
-    build_engine = "build_engine"
-    simulate = "simulate"
 
 
 class Task(enum.StrEnum):
@@ -93,7 +103,8 @@ TASK_GATES: dict[str, float] = {
 #: fuse_qkv would have replaced: 0.11 off when it ran last)
 PASS_STAGES: tuple[StageName, ...] = (StageName.reparameterize, StageName.freeze_layernorm, StageName.mask_to_where,
                                       StageName.fuse_qkv)
-#: every stage name, in pipeline order (the values of :class:`StageName`)
+#: the pipeline's own stage names, in order (the values of :class:`StageName`; a recipe's
+#: :meth:`Recipe.stage_names` adds its target's)
 STAGE_NAMES: tuple[str, ...] = tuple(s.value for s in StageName)
 
 
@@ -252,7 +263,8 @@ class OnnxTolerance(Tolerance):
 
 
 class EngineTolerance(Tolerance):
-    """INT8 on the target's runtime (``build_engine``, ``simulate``): direction and decisions, not digits."""
+    """INT8 on the target's runtime (the stages a target adds: its engine, a simulator): direction and
+    decisions, not digits."""
 
     cosine_min: float | None = 0.98
     top1_agreement: float | None = 0.9
@@ -280,8 +292,6 @@ class ParitySpec(_Spec):
     export_onnx: OnnxTolerance = OnnxTolerance()
     simplify: OnnxTolerance = OnnxTolerance()
     quantize_int8: Int8Tolerance = Int8Tolerance()
-    build_engine: EngineTolerance = EngineTolerance()
-    simulate: EngineTolerance = EngineTolerance()
 
     @field_validator("*", mode="before")
     @classmethod
@@ -300,20 +310,32 @@ class StageToggle(_Spec):
 
 
 class StagesSpec(_Spec):
-    """Switches for the optional stages (export and simplify always run). ``build_engine`` applies
-    where the target contributes an engine stage (orin: the TensorRT engine, rk3588: ``model.rknn``,
-    openvino: the IR), ``simulate`` where it runs that engine on a vendor's simulator (rk3588);
-    other targets have none to switch. ``reparameterize`` folds training-time branches (FastViT,
-    MobileOne, RepViT, RepVGG) into the convs a deployed model runs, before the other passes and the
-    export, on every target."""
+    """Switches for the optional stages (export and simplify always run), and one for each stage the
+    target declares (:class:`TargetStage`: an engine build, a simulator; other targets have none to
+    switch). ``reparameterize`` folds training-time branches (FastViT, MobileOne, RepViT, RepVGG) into
+    the convs a deployed model runs, before the other passes and the export, on every target."""
 
     reparameterize: StageToggle = StageToggle()
     freeze_layernorm: FreezeLayerNormSpec = FreezeLayerNormSpec()
     mask_to_where: StageToggle = StageToggle()
     fuse_qkv: StageToggle = StageToggle()
     quantize_int8: StageToggle = StageToggle()
-    build_engine: StageToggle = StageToggle()
-    simulate: StageToggle = StageToggle()
+
+
+@dataclass(frozen=True)
+class TargetStage:
+    """A stage a target runs after ``quantize_int8``, declared by the target (``Target.target_stages``).
+
+    Its name is a key of the recipe's ``stages:`` (a :class:`StageToggle`) and ``parity:`` (a ``tolerance``
+    with that class's defaults) for that target's recipes only (:func:`recipe_schema`).
+
+    Args:
+        name: the stage's name (its ``Stage.name``, the key in ``stages:`` and ``parity:``).
+        tolerance: its parity contract's class (INT8 on the target's runtime by default).
+    """
+
+    name: str
+    tolerance: type[Tolerance] = EngineTolerance
 
 
 class ExportSpec(_Spec):
@@ -430,7 +452,7 @@ class QuantizationSpec(_Spec):
     per_channel_weights: bool = True
     quantize_attention_matmuls: bool = True
     quantize_attention_pv: bool = Field(
-        default=True, description="attn·V in INT8 too (the Softmax output and V quantized; TensorRT's fused INT8 "
+        default=True, description="attn·V in INT8 too (the Softmax output and V quantized; a GPU's fused INT8 "
                                   "attention needs it); false: only Q·Kᵀ is INT8, attn·V runs in the float type")
     fallback: FallbackSpec = FallbackSpec()
     measure_latency: bool = Field(
@@ -498,17 +520,24 @@ class Recipe(_Spec):
             raise ValueError("; ".join(problems))
         return self
 
+    def stage_names(self) -> tuple[str, ...]:
+        """Every stage this recipe has a contract for, in pipeline order: the pipeline's own, then its
+        target's (:class:`TargetStage`)."""
+        return tuple(type(self.parity).model_fields)
+
     def tolerance(self, stage: StageName | str) -> Tolerance:
         """The stage's parity contract (``recipe.parity.<stage>``).
 
         Raises:
-            ValueError: ``stage`` is not a :class:`StageName`.
+            ValueError: the recipe has no such stage (neither the pipeline's nor its target's).
         """
-        return getattr(self.parity, StageName(stage).value)
+        if str(stage) not in type(self.parity).model_fields:
+            raise ValueError(f"unknown stage {str(stage)!r}; this recipe's stages: {', '.join(self.stage_names())}")
+        return getattr(self.parity, str(stage))
 
     def toggle(self, stage: StageName | str) -> StageToggle | FreezeLayerNormSpec | None:
         """The stage's switch in ``stages`` (None for stages that always run: export, simplify)."""
-        return getattr(self.stages, StageName(stage).value, None)
+        return getattr(self.stages, str(stage)) if str(stage) in type(self.stages).model_fields else None
 
 
 def _context_targets(info: ValidationInfo) -> Mapping[str, Any] | None:
@@ -516,16 +545,52 @@ def _context_targets(info: ValidationInfo) -> Mapping[str, Any] | None:
     return (info.context or {}).get("targets") if isinstance(info.context, dict) else None
 
 
-def parse_stage(text: str) -> StageName:
-    """``'quantize_int8'`` → ``StageName.quantize_int8``.
+@functools.cache
+def recipe_schema(stages: tuple[TargetStage, ...] = ()) -> type[Recipe]:
+    """The recipe schema of a target that declares ``stages``: :class:`Recipe` with one more key per
+    stage in ``stages:`` and ``parity:`` (still ``extra="forbid"``); :class:`Recipe` itself for none.
+
+    Raises:
+        ValueError: two stages share a name, or one takes the name of a pipeline stage.
+    """
+    if not stages:
+        return Recipe
+    names = [s.name for s in stages]
+    taken = [n for n in names if n in STAGE_NAMES or names.count(n) > 1]
+    if taken:
+        raise ValueError(f"target stage name(s) {sorted(set(taken))} taken (pipeline stages: {', '.join(STAGE_NAMES)})")
+    parity = create_model("ParitySpec", __base__=ParitySpec, **{s.name: (s.tolerance, s.tolerance()) for s in stages})
+    toggles = create_model("StagesSpec", __base__=StagesSpec, **{s.name: (StageToggle, StageToggle()) for s in stages})
+    return create_model("Recipe", __base__=Recipe, stages=(toggles, toggles()), parity=(parity, parity()))
+
+
+def _declared(targets: Mapping[str, Any] | None, data: Mapping[str, Any]) -> tuple[TargetStage, ...]:
+    """The stages the recipe's target declares (none for an unknown target: validation names it)."""
+    cls = (targets or {}).get(data.get("target")) if isinstance(data.get("target"), str) else None
+    return tuple(getattr(cls, "target_stages", ()))
+
+
+def with_target_stages(recipe: Recipe, stages: Sequence[TargetStage]) -> Recipe:
+    """``recipe`` under the schema that takes ``stages`` (itself when it does already): a recipe built
+    in Python without its target gets the target's stages, with their defaults, when the target is built."""
+    schema = recipe_schema(tuple(stages))
+    if isinstance(recipe, schema):
+        return recipe
+    return schema.model_validate(recipe.model_dump())
+
+
+def parse_stage(text: str, recipe: Recipe | None = None) -> StageName | str:
+    """``'quantize_int8'`` → ``StageName.quantize_int8``; a stage ``recipe``'s target declares → its name.
 
     Raises:
         BadInput: not a stage name (the message lists them).
     """
-    try:
+    names = recipe.stage_names() if recipe is not None else STAGE_NAMES
+    if text in STAGE_NAMES:
         return StageName(text)
-    except ValueError:
-        raise BadInput(f"unknown stage '{text}'{did_you_mean(text, STAGE_NAMES)} (stages are {', '.join(StageName)})") from None
+    if text in names:
+        return text
+    raise BadInput(f"unknown stage '{text}'{did_you_mean(text, names)} (stages are {', '.join(names)})")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -561,13 +626,12 @@ RENAMED_KEYS = {
     "quantization.equalize": "quantization.smooth",
     "quantization.equalize_alpha": "quantization.smooth_alpha",
     "quantization.equalize_samples": "quantization.smooth_samples",
-    "quantization.strongly_typed": "the target: each TensorRT target builds one way, see vitexport targets",
+    "quantization.strongly_typed": "the target: each target builds one way, see vitexport targets",
 }
 
 
-def _fields_at(loc: Sequence[str | int]) -> list[str]:
+def _fields_at(loc: Sequence[str | int], cls: type[BaseModel] = Recipe) -> list[str]:
     """The keys the schema takes at ``loc`` (``('quantization', 'fallback')`` → FallbackSpec's)."""
-    cls: type[BaseModel] = Recipe
     for key in loc:
         field = cls.model_fields.get(str(key))
         annotation = field.annotation if field is not None else None
@@ -577,14 +641,14 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
     return list(cls.model_fields)
 
 
-def _unknown_key(loc: Sequence[str | int]) -> str:
+def _unknown_key(loc: Sequence[str | int], schema: type[BaseModel] = Recipe) -> str:
     """``unknown key 'smoth' in quantization; did you mean 'smooth'?`` (or where a renamed key went)."""
     dotted = ".".join(str(p) for p in loc)
     key, parent = str(loc[-1]), ".".join(str(p) for p in loc[:-1])
     where = f" in {parent}" if parent else ""
     if dotted in RENAMED_KEYS:
         return f"unknown key '{key}'{where} (now {RENAMED_KEYS[dotted]})"
-    return f"unknown key '{key}'{where}{did_you_mean(key, _fields_at(loc[:-1]))}"
+    return f"unknown key '{key}'{where}{did_you_mean(key, _fields_at(loc[:-1], schema))}"
 
 
 def _blamed(loc: Sequence[str | int], msg: str, file: str, overrides: Sequence[tuple[list[str], str]]) -> str:
@@ -598,7 +662,8 @@ def _blamed(loc: Sequence[str | int], msg: str, file: str, overrides: Sequence[t
     return file
 
 
-def _format_error(err: ValidationError, source: str, overrides: Sequence[tuple[list[str], str]] = ()) -> str:
+def _format_error(err: ValidationError, source: str, overrides: Sequence[tuple[list[str], str]] = (),
+                  schema: type[BaseModel] = Recipe) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     kind = first["type"]
@@ -607,7 +672,7 @@ def _format_error(err: ValidationError, source: str, overrides: Sequence[tuple[l
     if kind == "value_error" and not first["loc"]:  # a whole-recipe check: its message names the keys
         return f"{blamed}: {first['msg'].removeprefix('Value error, ')}"
     if kind == "extra_forbidden":
-        return f"{blamed}: {_unknown_key(first['loc'])}{more}"
+        return f"{blamed}: {_unknown_key(first['loc'], schema)}{more}"
     if kind == "enum":
         msg = f"{first['msg'].lower()} (got {first.get('input')!r})"
     elif kind == "value_error":  # a field's own check: its message says what it got
@@ -625,7 +690,8 @@ def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
         path: the YAML file; the recipe's ``name`` defaults to its stem.
         overrides: ``key.path=value`` strings applied before validation.
         targets: the registered targets (name → Target class): ``target`` must be one of them and
-            its ``check_recipe`` must accept the recipe. :func:`vitexport.targets.load_recipe` gives them.
+            its ``check_recipe`` must accept the recipe; the stages it declares (``target_stages``) are
+            keys the recipe may set. :func:`vitexport.targets.load_recipe` gives them.
     Returns:
         The frozen, validated :class:`Recipe`.
     Raises:
@@ -645,7 +711,8 @@ def read_recipe(path: str | Path, overrides: Sequence[str] = (), *,
         keys, value = parse_override(text)
         _apply_override(data, keys, value, text)
         applied.append((keys, text))
+    schema = recipe_schema(_declared(targets, data))
     try:
-        return Recipe.model_validate(data, context={"targets": targets} if targets is not None else None)
+        return schema.model_validate(data, context={"targets": targets} if targets is not None else None)
     except ValidationError as err:
-        raise BadInput(_format_error(err, str(path), applied)) from None
+        raise BadInput(_format_error(err, str(path), applied, schema)) from None

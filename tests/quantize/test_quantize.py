@@ -10,7 +10,7 @@ import pytest
 
 from qcases import target
 from vitexport.calibration import NpzSamples
-from vitexport.calibration.table import read_trt_cache, scale_to_hex
+from vitexport.targets.tensorrt.cache import read_trt_cache, scale_to_hex
 from vitexport.parity.metrics import compute_metrics
 from qgraph import consumers, load
 from vitexport.runners.sessions import Session

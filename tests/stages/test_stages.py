@@ -19,7 +19,7 @@ def test_every_target_gets_its_stages_in_pipeline_order(name):
     stages = pipeline_stages(target)
     assert all(isinstance(s, Stage) for s in stages)
     names = [s.name for s in stages]
-    assert names == sorted(names, key=list(StageName).index) and len(set(names)) == len(names)
+    assert names == [n for n in recipe.stage_names() if n in names] and len(set(names)) == len(names)
     assert names[:7] == [*PASS_STAGES, StageName.export_onnx, StageName.simplify, StageName.quantize_int8]
     # only the torch stages read the torch model: the loop frees it after the export
     assert [s.name for s in stages if s.needs_torch] == [*PASS_STAGES, StageName.export_onnx]
@@ -31,8 +31,8 @@ def test_the_orin_target_contributes_the_engine_stage_and_script():
     orin, cpu, npu = (load_target(n) for n in ("orin", "cpu", "npu"))
     assert orin.contribution() is TENSORRT and load_target("orin-jp5").contribution() is TENSORRT
     assert cpu.contribution() == npu.contribution() == Contribution()
-    assert [s.name for s in pipeline_stages(orin)][-1] == StageName.build_engine
-    assert StageName.build_engine not in [s.name for s in pipeline_stages(cpu)]
+    assert [s.name for s in pipeline_stages(orin)][-1] == "build_engine"
+    assert "build_engine" not in [s.name for s in pipeline_stages(cpu)]
     quantize = next(s for s in pipeline_stages(orin) if isinstance(s, QuantizeStage))
     assert quantize.artifacts == TENSORRT.artifacts  # build_engine.sh is written with the Q/DQ model
 

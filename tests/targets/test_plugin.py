@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from vitexport.errors import BadInput
+from vitexport.recipe import Recipe, TargetStage, read_recipe
+from vitexport.targets import Target, registered_targets
+
 
 TOY_MODULE = '''
 """A toy accelerator: symmetric per-tensor INT8 with shared Q/DQ pairs, a scale list beside the model."""
@@ -95,6 +99,37 @@ def test_a_plugin_target_lists_exports_the_demo_and_checks(tmp_path):
     check = _cli(env, "check", out / "model.int8.onnx", "--target", "toy", cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "(toy target)" in check.stdout
+
+
+class _SimTarget(Target):
+    """A plug-in's target with a stage of its own (not registered: read_recipe is handed it as the registry)."""
+
+    name = "sim"
+    target_stages = (TargetStage("simulate_npu"),)
+
+
+def test_a_plugin_declares_its_stage_and_the_schema_stays_strict(tmp_path):
+    """A stage a plug-in declares is a key of its target's recipes, with the declared contract's defaults,
+    without an edit of vitexport.recipe; a misspelt key is still an error naming the nearest one, and
+    another target's recipe does not take the stage."""
+    path = tmp_path / "sim.yaml"
+    path.write_text("target: sim\nparity: {simulate_npu: {cosine_min: 0.9}}\n")
+    recipe = read_recipe(path, ["stages.simulate_npu.enabled=false"], targets={"sim": _SimTarget})
+    assert recipe.stage_names()[-2:] == ("quantize_int8", "simulate_npu")
+    tol = recipe.tolerance("simulate_npu")
+    assert tol.cosine_min == 0.9 and tol.top1_agreement == 0.9  # the engine contract's other gates stay
+    assert recipe.toggle("simulate_npu").enabled is False
+    with pytest.raises(BadInput, match=r"^--set parity\.simulate_np\.cosine_min=0\.5: unknown key 'simulate_np' in "
+                                       r"parity; did you mean 'simulate_npu'\?$"):
+        read_recipe(path, ["parity.simulate_np.cosine_min=0.5"], targets={"sim": _SimTarget})
+    other = tmp_path / "mine.yaml"
+    other.write_text("target: cpu\nstages: {simulate_npu: {enabled: false}}\n")
+    with pytest.raises(BadInput, match=rf"^{other}: unknown key 'simulate_npu' in stages"):
+        read_recipe(other, targets=registered_targets())
+    with pytest.raises(ValueError, match="unknown stage 'simulate_npu'"):
+        Recipe(name="mine", target="cpu").tolerance("simulate_npu")
+    built = _SimTarget(Recipe(name="x", target="sim")).recipe  # a recipe built in Python: the stage's defaults
+    assert built.tolerance("simulate_npu").cosine_min == 0.98 and built.toggle("simulate_npu").enabled
 
 
 def test_a_broken_plugin_costs_only_its_own_targets(tmp_path):

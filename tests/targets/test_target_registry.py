@@ -6,7 +6,7 @@ import pytest
 
 from cli_helpers import ROOT
 from vitexport.errors import BadInput
-from vitexport.recipe import Recipe
+from vitexport.recipe import STAGE_NAMES, Recipe
 from vitexport.targets import (
     DEFAULT_TARGET,
     Target,
@@ -33,6 +33,19 @@ def test_every_target_is_complete(name):
     assert target.rules().RULES[:3] == ("qdq.scale", "qdq.axis", "qdq.integer_path")
     assert target.high_precision() in ("fp16", "fp32") and target.arithmetic
     assert cls.check_recipe(target.recipe) == []  # its own recipe is one it can run
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_a_target_declares_the_stages_it_contributes(name):
+    """Each stage a target adds after quantize_int8 is one it declares (a key of its recipe's stages: and
+    parity:), and its recipe has exactly the pipeline's stages and those."""
+    target = load_target(name)
+    declared = [s.name for s in target.target_stages]
+    assert [s.name for s in target.contribution().stages] == declared
+    assert target.recipe.stage_names() == (*STAGE_NAMES, *declared)
+    assert all(target.recipe.toggle(s).enabled for s in declared)
+    share = target.int8_share_stage
+    assert share is None or share in target.recipe.stage_names()
 
 
 @pytest.mark.parametrize("name", TARGETS)

@@ -1,4 +1,4 @@
-"""Calibration: data readers (images, npz), streaming observers, scale tables and TensorRT caches."""
+"""Calibration: data readers (images, npz), streaming observers, scale tables."""
 from .data import (
     ImageFolderSamples,
     NpzFileSamples,
@@ -9,7 +9,7 @@ from .data import (
     random_samples,
 )
 from .observers import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, Range, make_observer
-from .table import ScaleTable, read_trt_cache, write_trt_cache
+from .table import ScaleTable
 
 __all__ = [
     "SampleSet",
@@ -25,6 +25,4 @@ __all__ = [
     "ChannelAbsMaxObserver",
     "make_observer",
     "ScaleTable",
-    "write_trt_cache",
-    "read_trt_cache",
 ]

@@ -1,4 +1,4 @@
-"""The scale table (``calibration.json``) and TensorRT's calibration cache (``calibration.cache``).
+"""The scale table (``calibration.json``); a target writes its own format from it (``Target.write_artifacts``).
 
 The table records, per tensor, the calibrated range and the int8 scale, plus what produced it
 (method, settings, sample count, a hash of the model and of the data). A later run whose model,
@@ -7,16 +7,15 @@ data and settings hash the same reuses it instead of calibrating again.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInput
-from ..io import atomic_write_json, atomic_write_text
+from ..io import atomic_write_json
 
-__all__ = ["TABLE_VERSION", "ScaleTable", "write_trt_cache", "read_trt_cache", "scale_to_hex", "hex_to_scale"]
+__all__ = ["TABLE_VERSION", "ScaleTable"]
 
 TABLE_VERSION = 2
 
@@ -83,32 +82,3 @@ class ScaleTable(BaseModel):
         except (OSError, ValueError, ValidationError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BadInput(f"{p}: not a readable scale table ({first})") from None
-
-
-def scale_to_hex(scale: float) -> str:
-    """Big-endian IEEE float32 bytes as 8 lowercase hex digits (TensorRT's cache format)."""
-    return struct.pack(">f", float(scale)).hex()
-
-
-def hex_to_scale(text: str) -> float:
-    return struct.unpack(">f", bytes.fromhex(text.strip()))[0]
-
-
-def write_trt_cache(path: str | Path, scales: dict[str, float], header: str = "TRT-8501-EntropyCalibration2") -> Path:
-    """Write a TensorRT INT8 calibration cache: a header line, then ``name: <hex scale>`` per tensor."""
-    lines = [header] + [f"{name}: {scale_to_hex(s)}" for name, s in sorted(scales.items())]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
-
-
-def read_trt_cache(path: str | Path) -> tuple[str, dict[str, float]]:
-    """(header, name → scale) of a TensorRT calibration cache."""
-    lines = Path(path).read_text().splitlines()
-    if not lines:
-        raise BadInput(f"{path}: empty calibration cache")
-    out = {}
-    for ln in lines[1:]:
-        if not ln.strip():
-            continue
-        name, _, hx = ln.rpartition(":")
-        out[name] = hex_to_scale(hx)
-    return lines[0], out

@@ -9,13 +9,14 @@ the target's own (its ``Target.rules()``, in its module under :mod:`vitexport.ta
 (:mod:`.lint`: dead tensors, names, float64, Q/DQ that does nothing; warnings or errors, the same for
 every target). This package is handed the run's target and names none.
 """
-from .checker import check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
+from .checker import CheckTarget, check_file, check_model, model_violations, recipe_label, rules_checked, run_checker
 from .contract import OP_HINTS, contract_violations, float16_violations
 from .lint import LINT_RULES, lint_model
 from .rules import RuntimeRules
 from .violation import CheckResult, Severity, Violation
 
 __all__ = [
+    "CheckTarget",
     "Violation",
     "Severity",
     "CheckResult",

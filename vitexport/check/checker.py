@@ -9,7 +9,7 @@ differs (a proto already in memory, a file). Each is handed the run's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import onnx
 import onnx_ir as ir
@@ -17,16 +17,30 @@ import onnx_ir as ir
 from ..graph.files import load_model
 from ..recipe import Recipe
 from .contract import contract_violations
+from .rules import RuntimeRules
 from .lint import LINT_RULES, lint_model, value_info_names
 from .violation import CheckResult, Violation
 
-if TYPE_CHECKING:  # the target is handed in: check/ never imports a target
-    from ..targets._base import Target
-
-__all__ = ["run_checker", "model_violations", "check_model", "check_file", "recipe_label", "rules_checked"]
+__all__ = ["CheckTarget", "run_checker", "model_violations", "check_model", "check_file", "recipe_label",
+           "rules_checked"]
 
 
-def recipe_label(target: Target, recipe_path: str | Path | None = None) -> str:
+class CheckTarget(Protocol):
+    """What the checker reads of the target it is handed (``vitexport.targets.Target`` satisfies it; a
+    protocol, so that check/ never imports a target): its name, recipe, recipe file and runtime rules."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    def recipe_file(self) -> Path: ...
+
+    def rules(self) -> RuntimeRules: ...
+
+
+def recipe_label(target: CheckTarget, recipe_path: str | Path | None = None) -> str:
     """How messages name the run's recipe: the given path, ``recipes/<name>.yaml`` for the target's
     own recipe (as the repository's ``recipes/`` shows it), else ``recipe 'name'``."""
     if recipe_path is not None:
@@ -60,26 +74,26 @@ def _contract_rules(recipe: Recipe) -> tuple[str, ...]:
     return tuple(f"contract.{k}" for k in keys if k)
 
 
-def _skipped(target: Target) -> set[str]:
+def _skipped(target: CheckTarget) -> set[str]:
     # a target's own float16 rule repeats the recipe's contract.forbid_float16: report it once, by the key
     own = target.rules().FLOAT16_RULE
     return {own} if own and target.recipe.contract.forbid_float16 else set()
 
 
-def rules_checked(target: Target) -> tuple[str, ...]:
+def rules_checked(target: CheckTarget) -> tuple[str, ...]:
     """The rule ids a check for ``target`` runs, in order (the lint's last)."""
     recipe = target.recipe
     rules = target.rules().RULES
     return ("onnx.checker", *_contract_rules(recipe), *(r for r in rules if r not in _skipped(target)), *LINT_RULES)
 
 
-def model_violations(model: ir.Model, target: Target) -> list[Violation]:
+def model_violations(model: ir.Model, target: CheckTarget) -> list[Violation]:
     """The contract's violations, then the target's (the ONNX checker is not run here)."""
     recipe = target.recipe
     return contract_violations(model, recipe.contract) + target.rules().violations(model, skip=_skipped(target))
 
 
-def check_model(model: ir.Model, target: Target, *, artifact: str = "model",
+def check_model(model: ir.Model, target: CheckTarget, *, artifact: str = "model",
                 recipe_path: str | Path | None = None, checker: list[Violation] | None = None,
                 value_info: list[str] | tuple[str, ...] = ()) -> CheckResult:
     """Every rule of ``target`` and its recipe on an in-memory model, then the lint.
@@ -101,7 +115,7 @@ def check_model(model: ir.Model, target: Target, *, artifact: str = "model",
                        checker + model_violations(model, target) + lint_model(model, value_info=value_info))
 
 
-def check_file(path: str | Path, target: Target, *, recipe_path: str | Path | None = None) -> CheckResult:
+def check_file(path: str | Path, target: CheckTarget, *, recipe_path: str | Path | None = None) -> CheckResult:
     """Every rule of ``target`` and its recipe on the ONNX file ``path`` (its ``.data`` file read where needed).
 
     Raises:

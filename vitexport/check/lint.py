@@ -119,8 +119,8 @@ def _names(model: ir.Model) -> list[Violation]:
         if not n.name:
             first = n.outputs[0].name if n.outputs and n.outputs[0].name else "?"
             out.append(_lint("lint.node_name", f"node #{i} ({n.op_type}) writing '{first}'", "has no name",
-                             "name every node: TensorRT names its layers, profiles and per-layer precisions after "
-                             "them (vitexport names a nameless node <Op>_<first output>)", n))
+                             "name every node: engine compilers name their layers, profiles and per-layer precisions "
+                             "after them (vitexport names a nameless node <Op>_<first output>)", n))
     dup = {name for name, k in counts.items() if k > 1}
     out += [_lint("lint.duplicate_node_name", f"node '{name}'", f"names {counts[name]} nodes",
                   "give each node its own name (the ONNX IR spec requires it; onnx-ir's NameFixPass does it)")
@@ -137,7 +137,7 @@ def _shadows(model: ir.Model) -> list[Violation]:
 
 
 def _float64(model: ir.Model) -> list[Violation]:
-    hint = ("TensorRT and NPUs run no float64 and INT8 quantization leaves it alone: export in float32 "
+    hint = ("GPU engines and NPUs run no float64 and INT8 quantization leaves it alone: export in float32 "
             "(model.float()) or cast once at the input")
     g, f64 = model.graph, ir.DataType.DOUBLE
     out = [_lint("lint.float64", f"{kind} '{v.name}'", "is float64", hint)

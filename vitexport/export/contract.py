@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import onnx
 import onnx_ir as ir
 
-from ..check import Violation, model_violations, recipe_label, run_checker
+from ..check import CheckTarget, Violation, model_violations, recipe_label, run_checker
 from ..errors import ContractViolation
-
-if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
-    from ..targets._base import Target
 
 __all__ = ["raise_violations", "check_contract"]
 
@@ -26,7 +23,7 @@ def _summary(rest: Sequence[Violation]) -> str:
     return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in counts.items())
 
 
-def raise_violations(violations: Sequence[Violation], target: Target, recipe_path: str | Path | None,
+def raise_violations(violations: Sequence[Violation], target: CheckTarget, recipe_path: str | Path | None,
                      artifact: str) -> None:
     """Raise :class:`ContractViolation` for the first violation, counting the others.
 
@@ -46,7 +43,7 @@ def raise_violations(violations: Sequence[Violation], target: Target, recipe_pat
 
 def check_contract(
     model: onnx.ModelProto,
-    target: Target,
+    target: CheckTarget,
     recipe_path: str | Path | None = None,
     *,
     artifact: str = "model",

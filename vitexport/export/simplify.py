@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
@@ -20,13 +19,10 @@ import onnx_ir as ir
 from ..graph.files import load_model, save_model
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..quiet import captured_output
-from ..check import model_violations, run_checker
+from ..check import CheckTarget, model_violations, run_checker
 from ..results import Data, result
 from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
-
-if TYPE_CHECKING:  # the target is handed in: export/ never imports a target
-    from ..targets._base import Target
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -105,7 +101,7 @@ def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
 def simplify_onnx(
     in_path: str | Path,
     out_path: str | Path,
-    target: Target,
+    target: CheckTarget,
     *,
     recipe_path: str | Path | None = None,
 ) -> SimplifyReport:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..recipe import PASS_STAGES, Recipe, StageName
+from ..recipe import PASS_STAGES, EngineTolerance, Recipe, StageName
 from .metrics import Check
 from .share import SHARE_METRICS
 from .tasks import TASK_METRICS
@@ -26,7 +26,12 @@ __all__ = ["failure_advice", "accepting_limit", "fallback_clause"]
 #: a failed check's metric → the tolerance key that sets its limit
 _KEYS = {"max_abs/ref_scale": "max_abs", "max_abs_unmasked": "max_abs", "top1_agreement_gated": "top1_agreement",
          **SHARE_METRICS, **{metric: key for metric, (key, _) in TASK_METRICS.items()}}
-_INT8_STAGES = (StageName.quantize_int8, StageName.build_engine)
+
+
+def _int8_stage(recipe: Recipe, stage: str) -> bool:
+    """``quantize_int8``, and each stage the target runs its INT8 artifact in (its declared contract is an
+    :class:`EngineTolerance`, as ``quantize_int8``'s is)."""
+    return stage in recipe.stage_names() and isinstance(recipe.tolerance(stage), EngineTolerance)
 
 
 def _int8(recipe: Recipe, calib_samples: int, labelled_calib: bool) -> list[str]:
@@ -98,7 +103,7 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
     if check is not None and check.metric in SHARE_METRICS:
         # the outputs matched: calibration settings would not change what the backend runs in float
         lost, steps = f"{check.why}; " if check.why else "", list(check.hints or [])
-    elif stage in _INT8_STAGES:
+    elif _int8_stage(recipe, stage):
         steps = _int8(recipe, calib_samples, labelled_calib)
         clause = fallback_clause(quantize)
         lost = f"{clause}; {lost}" if clause else lost

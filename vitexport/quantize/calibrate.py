@@ -38,8 +38,8 @@ from .annotate import attention_role
 from .profile import QuantProfile
 from .spec import NodeKind, NodeSpec, QuantPlan
 
-if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target
-    from ..targets._base import Target
+if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target, it reads the protocol
+    from .target import QuantizeTarget as Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
 

@@ -8,7 +8,6 @@ engine stage, defined with the target); this package is handed the run's target 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from ..recipe import PASS_STAGES
 from .base import (
@@ -18,6 +17,7 @@ from .base import (
     ArtifactWriter,
     Contribution,
     RunContext,
+    RunTarget,
     Stage,
     StageOutput,
     StageSkipped,
@@ -29,14 +29,12 @@ from .export import ExportStage, SimplifyStage
 from .quantize import QuantizeStage
 from .torch_passes import PassStage
 
-if TYPE_CHECKING:
-    from ..targets._base import Target
-
 __all__ = [
     "Stage",
     "StageOutput",
     "StageSkipped",
     "RunContext",
+    "RunTarget",
     "Contribution",
     "ArtifactWriter",
     "PassStage",
@@ -53,7 +51,7 @@ __all__ = [
 ]
 
 
-def pipeline_stages(target: Target, contribution: Contribution | None = None) -> list[Stage]:
+def pipeline_stages(target: RunTarget, contribution: Contribution | None = None) -> list[Stage]:
     """The stages of a run, in order: the torch passes, export, simplify, INT8, then the target's.
 
     Args:

@@ -119,6 +119,10 @@ class RunTarget(Protocol):
     @property
     def recipe(self) -> Recipe: ...
 
+    def contribution(self) -> Contribution:
+        """Files written beside the Q/DQ model and stages run after ``quantize_int8``."""
+        ...
+
 
 #: writes a file beside the Q/DQ model: ``(int8_path, target) -> written path``
 ArtifactWriter = Callable[[Path, RunTarget], Path]

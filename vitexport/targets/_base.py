@@ -22,7 +22,7 @@ from ..check.violation import Violation
 from ..errors import BadInput, did_you_mean
 from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
-from ..recipe import Recipe, StageName
+from ..recipe import Recipe, StageName, TargetStage, with_target_stages
 from ..runners.base import BaseRunner
 from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
 from ..stages.base import Contribution
@@ -118,7 +118,7 @@ class Target:
     #: the stage whose backend reports what runs in INT8 (None: none does): there the INT8-share gate
     #: applies. The Q/DQ file's coverage is what TensorRT and a paper NPU contract see, so by default
     #: ``quantize_int8``; a compiler that re-decides precisions (RKNN, OpenVINO) is gated where it reports
-    int8_share_stage: ClassVar[StageName | None] = StageName.quantize_int8
+    int8_share_stage: ClassVar[str | None] = StageName.quantize_int8
     #: the least share of GEMM/Conv multiply-accumulates that stage must report in INT8 (the recipe's
     #: ``parity.<stage>.int8_share_min`` overrides it). 0.95: a deployment buys INT8 throughput; a model
     #: with more than 5 % of its GEMM/Conv work in float is a float model to the user and must say so
@@ -129,11 +129,16 @@ class Target:
     #: what a user can try on this target when the INT8 share misses, beside accepting it (recipe keys,
     #: with why); the quantize stage adds the fallback's and attention's keys where those kept layers float
     int8_share_hints: ClassVar[tuple[str, ...]] = ()
+    #: the stages :meth:`contribution` adds after ``quantize_int8`` (orin: ``build_engine``): their names are
+    #: keys of this target's recipes' ``stages:`` and ``parity:`` (with the declared contract's defaults),
+    #: and of no other target's
+    target_stages: ClassVar[tuple[TargetStage, ...]] = ()
     #: suffixes of the files this target's runtime runs that ``vitexport parity --compare`` opens with
     #: :meth:`open_artifact` (orin: TensorRT plans); empty: none
     artifact_suffixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe):
+        recipe = with_target_stages(recipe, self.target_stages)  # a recipe built in Python: the stages' defaults
         self.recipe = self._with_share_gate(recipe)
         self.spec = recipe.quantization
         #: the recipe's ``target_options`` parsed by :attr:`Options` (checked at load by :meth:`check_recipe`)
@@ -162,7 +167,7 @@ class Target:
             update["cpu_compute_ops_max"] = cls.cpu_compute_ops_max
         if not update:
             return recipe
-        parity = recipe.parity.model_copy(update={stage.value: tol.model_copy(update=update)})
+        parity = recipe.parity.model_copy(update={str(stage): tol.model_copy(update=update)})
         return recipe.model_copy(update={"parity": parity})
 
     @classmethod

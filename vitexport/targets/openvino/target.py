@@ -23,14 +23,14 @@ from ...graph.macs import MAC_OPS
 from ...graph.query import quantized_linears
 from ...parity.share import SHARE_KEY, FloatLayer, Int8Share
 from ...quantize.precision import reads_int8
-from ...recipe import Recipe, StageName
+from ...recipe import Recipe, TargetStage
 from .runner import OpenVinoRunner, save_ir
 from .runner import RuntimePrecisions
 from ...stages.base import INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
 from .._base import Target
 from .._registry import register_target
 
-__all__ = ["OpenVinoTarget", "BuildIrStage", "OPENVINO", "IR_XML", "IR_BIN", "linears_not_int8", "runtime_share"]
+__all__ = ["OpenVinoTarget", "BUILD_ENGINE", "BuildIrStage", "OPENVINO", "IR_XML", "IR_BIN", "linears_not_int8", "runtime_share"]
 
 IR_XML, IR_BIN = "model.xml", "model.bin"
 
@@ -70,10 +70,13 @@ def runtime_share(precisions: RuntimePrecisions, quantized: set[str], hints: Seq
     return Int8Share(precisions.int8_share, "OpenVINO's runtime model (CPU plugin)", total, layers, hints=list(hints))
 
 
+#: the stage the openvino target adds, and so declares: the IR, gated on OpenVINO's CPU plugin
+BUILD_ENGINE = TargetStage("build_engine")
+
 class BuildIrStage:
     """The Q/DQ model → OpenVINO IR, gated on the CPU plugin with the runtime's precisions reported."""
 
-    name: ClassVar[StageName] = StageName.build_engine
+    name: ClassVar[str] = BUILD_ENGINE.name
     needs_torch: ClassVar[bool] = False
 
     def enabled(self, recipe: Recipe) -> bool:
@@ -117,7 +120,8 @@ class OpenVinoTarget(Target):
     engine = "OpenVINO"
     runs_on = "OpenVINO's CPU plugin (model.xml/.bin; Intel's NPU plugin compiles the same IR)"
     #: OpenVINO's low-precision transformations re-decide what runs INT8: its runtime model's figure is gated
-    int8_share_stage = StageName.build_engine
+    int8_share_stage = BUILD_ENGINE.name
+    target_stages = (BUILD_ENGINE,)
     #: 0.95, the NPU bar: the same IR is what Intel's NPU plugin compiles, bought for INT8 like any NPU
     int8_share_min = 0.95
 

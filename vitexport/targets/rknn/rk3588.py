@@ -29,14 +29,13 @@ import onnx_ir as ir
 
 from ...check.rules import RuntimeRules, violation
 from ...check.violation import Violation
-from ...recipe import StageName
 from ...stages.base import Contribution
 from .client import require_rknn
 from .graph import HAZARD_RULES
 from .routes import layout_hazards
 from .._base import Target
 from .._registry import register_target
-from .stages import RKNN, Rk3588Options
+from .stages import BUILD_ENGINE, RKNN, SIMULATE, Rk3588Options
 
 __all__ = ["Rk3588Target", "Rk3588Options", "RknnRules"]
 
@@ -72,7 +71,8 @@ class Rk3588Target(Target):
     rknn_config: ClassVar[dict[str, Any]] = {"remove_reshape": True}
     engine = "RKNN"
     #: RKNN re-decides precisions while it fuses: its op table (build_engine) is the figure gated, not the file's
-    int8_share_stage = StageName.build_engine
+    int8_share_stage = BUILD_ENGINE.name
+    target_stages = (BUILD_ENGINE, SIMULATE)
     #: an NPU is bought for INT8 throughput: ≥ 95 % of GEMM/Conv multiply-accumulates in INT8 (issue 28)
     int8_share_min = 0.95
     #: no compute op on the CPU: each one is a round trip NPU → CPU → NPU and float arithmetic on a slow

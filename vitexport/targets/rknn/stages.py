@@ -34,7 +34,7 @@ from ...graph.split import split_integer_prefix
 from ...io import atomic_path
 from ...parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
 from ...quantize.precision import reads_int8
-from ...recipe import Recipe, StageName
+from ...recipe import Recipe, TargetStage
 from ...runners import OnnxRuntimeRunner, RecordedRunner, record_outputs
 from ...runners.sessions import QDQ_AS_FLOAT
 from ...stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
@@ -44,9 +44,14 @@ from .log import OpRow
 from .routes import Route, rknn_input, route_quantization
 from .._base import TargetOptions
 
-__all__ = ["CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
+__all__ = ["BUILD_ENGINE", "SIMULATE", "CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
            "RKNN_OUTPUTS", "RKNN_LOG", "HOST_ONNX", "SIMULATOR_STEPS", "npu_report", "rknn_share"]
 
+
+#: the stages rk3588 adds, and so declares: model.rknn compiled (gated on the layout it compiles) and run
+#: on RKNN's x86 simulator
+BUILD_ENGINE = TargetStage("build_engine")
+SIMULATE = TargetStage("simulate")
 
 class Rk3588Options(TargetOptions):
     """``target_options`` of the rk3588 target."""
@@ -180,7 +185,7 @@ class CompileRknnStage:
     Never resumed across toolchain changes: the key names the route, the platform and RKNN's config.
     """
 
-    name: ClassVar[StageName] = StageName.build_engine
+    name: ClassVar[str] = BUILD_ENGINE.name
     needs_torch: ClassVar[bool] = False
 
     def enabled(self, recipe: Recipe) -> bool:
@@ -215,7 +220,7 @@ class CompileRknnStage:
         # the simulator ran in this call for the simulate stage: its time is that stage's
         simulator_s = sum(res.stages.get(k, 0.0) for k in SIMULATOR_STEPS)
         return StageOutput(files=files, notes=_notes(report), details={"runtime": report, SHARE_KEY: share.to_dict()},
-                           later_work_s={StageName.simulate: simulator_s})
+                           later_work_s={SIMULATE.name: simulator_s})
 
     @staticmethod
     def _keep(ctx: RunContext, work: Path, res: RknnResult, host: bool) -> dict[str, Path]:
@@ -245,7 +250,7 @@ class SimulateRknnStage:
     """RKNN's x86 simulator on the parity inputs (recorded by :class:`CompileRknnStage`'s worker call),
     gated against the golden reference."""
 
-    name: ClassVar[StageName] = StageName.simulate
+    name: ClassVar[str] = SIMULATE.name
     needs_torch: ClassVar[bool] = False
 
     def enabled(self, recipe: Recipe) -> bool:

@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol
 
 from ...errors import BadInput
 from ...io import atomic_path, atomic_write_text
-from ...recipe import Recipe, StageName
+from ...recipe import Recipe, TargetStage
 from .runner import TensorRTRunner, tensorrt_missing
 from .runner import polygraphy_error, require_tensorrt
 from ...stages.base import INT8_ONNX, Contribution, RunContext, StageOutput, StageSkipped
@@ -33,7 +33,7 @@ class TensorRTTarget(Protocol):
     def description(self) -> str: ...
 
 
-__all__ = ["trtexec_command", "write_engine_script", "build_engine", "BuildEngineStage", "TENSORRT",
+__all__ = ["trtexec_command", "write_engine_script", "build_engine", "BUILD_ENGINE", "BuildEngineStage", "TENSORRT",
            "ENGINE_PLAN", "ENGINE_SCRIPT"]
 
 ENGINE_PLAN, ENGINE_SCRIPT = "model.int8.plan", "build_engine.sh"
@@ -143,6 +143,10 @@ def engine_script(int8: Path, target: TensorRTTarget) -> Path:
     return write_engine_script(int8, Path(int8).parent / ENGINE_SCRIPT, target)
 
 
+#: the stage the TensorRT targets add, and so declare (``stages.build_engine``, ``parity.build_engine``)
+BUILD_ENGINE = TargetStage("build_engine")
+
+
 class BuildEngineStage:
     """The Q/DQ model → a TensorRT engine through Polygraphy (the target's ``strongly_typed`` picks
     TensorRT 10's strongly typed build or TensorRT 8's ``--int8 --fp16``), gated with TensorRT itself.
@@ -150,7 +154,7 @@ class BuildEngineStage:
     Never resumed: an engine belongs to the GPU and TensorRT version that built it.
     """
 
-    name: ClassVar[StageName] = StageName.build_engine
+    name: ClassVar[str] = BUILD_ENGINE.name
     needs_torch: ClassVar[bool] = False
 
     def enabled(self, recipe: Recipe) -> bool:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from ...calibration.table import write_trt_cache
 from ...stages.base import Contribution
 from .._base import Target
 from .._registry import register_target
-from .engine import TENSORRT
+from .cache import write_trt_cache
+from .engine import BUILD_ENGINE, TENSORRT
 from .ops import TENSORRT_10_3, TensorRTParser
 from .rules import TensorRTRules
 from .runner import TensorRTRunner
@@ -59,6 +59,7 @@ class OrinTarget(Target):
     int8_share_min = 0.80
     #: serialized engines (trtexec's and build_engine.sh's ``.plan``), compared by ``vitexport parity --compare``
     artifact_suffixes = (".plan", ".engine", ".trt")
+    target_stages = (BUILD_ENGINE,)
 
     def high_precision(self) -> str:
         # A strongly typed build runs what the file says: FP16 float parts are what make INT8 pay.
