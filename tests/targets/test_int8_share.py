@@ -5,7 +5,7 @@ largest first, with why; ``--set parity.<stage>.int8_share_min=...`` accepts it.
 
 The CLI cases run real models: on orin a ViT whose head size (48) TensorRT fuses no INT8 attention for,
 so annotate leaves attention's batched MatMuls float (53 % INT8); on rk3588 a 3x3 conv stack that runs INT8 and exits 0 (0.6 % INT8 before the qdq layout Q/DQ'd conv outputs; the rk3588
-failure's reasons are tested on a printed op table in tests/toolchains/test_rknn_log.py).
+failure's reasons are tested on a printed op table in tests/targets/rknn/test_rknn_log.py).
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ directly or through ops that only move data, with the same scale, zero point and
 are already on that grid, so the pair is an identity; or (2) no node reads its DequantizeLinear, only
 a graph output: no INT8 kernel consumes it, it only rounds the output. A pair in front of an op the
 target runs in float is the target's rule, not a lint (TensorRT's, an error:
-:mod:`vitexport.targets.tensorrt_rules`). The lint is the same for every target.
+:mod:`vitexport.targets.tensorrt.rules`). The lint is the same for every target.
 """
 from __future__ import annotations
 

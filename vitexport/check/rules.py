@@ -3,7 +3,7 @@ the rules every target shares.
 
 :class:`RuntimeRules` walks the Q/DQ nodes (:meth:`~RuntimeRules.qdq`), then the whole graph
 (:meth:`~RuntimeRules.graph`); a target's module subclasses it with its own rule ids and returns it
-from ``Target.rules()`` (TensorRT's in :mod:`vitexport.targets.tensorrt_rules`, the NPU's in
+from ``Target.rules()`` (TensorRT's in :mod:`vitexport.targets.tensorrt.rules`, the NPU's in
 :mod:`vitexport.targets.npu`). The quantizer validates what it wrote with them, the export's
 contract step and ``vitexport check`` run them after the contract.
 

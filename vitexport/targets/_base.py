@@ -2,7 +2,7 @@
 
 A *target* is where the artifact runs (a Jetson with TensorRT 10, one with TensorRT 8, an edge NPU,
 ONNX Runtime on x86). Everything vitexport knows about it lives in one module under
-``vitexport/targets/`` (or in a third-party package, see :mod:`vitexport.targets.registry`): how
+``vitexport/targets/`` (or in a third-party package, see :mod:`vitexport.targets._registry`): how
 Q/DQ is placed and encoded, which graphs its runtime accepts, which arithmetic the INT8 gate must
 run to predict it, which files and stages it adds to a run, which recipes make sense for it, and
 its default recipe. The rest of the pipeline (``quantize/``, ``check/``, ``stages/``) is handed one
@@ -43,7 +43,7 @@ class TargetOptions(BaseModel):
 class Target:
     """One place an artifact runs. Subclass it in a module of its own and register it.
 
-    What a target module provides (``vitexport/targets/orin.py`` is the worked example):
+    What a target module provides (``vitexport/targets/tensorrt/orin.py`` is the worked example):
 
     1. **A subclass, registered by name.** ``@register_target`` on a subclass with ``name`` (the
        recipe's ``target:`` value and ``--target NAME``) and ``description`` (one line for
@@ -66,7 +66,7 @@ class Target:
     6. **Extra files and stages**: :meth:`write_artifacts` writes files that need the calibrated
        scales (orin: TensorRT's ``calibration.cache``); :meth:`contribution` returns files written
        beside the Q/DQ model and stages run after it (orin: ``build_engine.sh`` and the TensorRT
-       engine stage, :mod:`vitexport.targets.tensorrt_engine`).
+       engine stage, :mod:`vitexport.targets.tensorrt.engine`).
     7. **Recipe cross-checks and its own settings**: :meth:`check_recipe` refuses recipes the
        target cannot run, at load time, with the key to change (a target with ``forbid_float16``
        refuses ``quantization.high_precision: fp16``); settings only this target understands are a

@@ -3,7 +3,7 @@ RKNN's x86 simulator and says what the NPU runs.
 
 rknn-toolkit2 lives in ``.venv-rknn`` (``make setup-rknn``): it pins numpy<=1.26.4 / onnx<=1.18 and can
 segfault, so it is never imported here. :func:`run_rknn` writes a JSON request and the inputs as
-``.npy`` files, launches ``rknn_worker.py`` with that venv's interpreter under a timeout, sends the
+``.npy`` files, launches ``worker.py`` with that venv's interpreter under a timeout, sends the
 toolchain's output to a log file (never the terminal), and reads back the reply, the outputs and the
 op table of the log. A crash, a timeout or an RKNN error becomes one :class:`BadInput` line (exit 2)
 naming the stage, the compiler pass and RKNN's own error line.

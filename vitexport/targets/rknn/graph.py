@@ -1,5 +1,5 @@
 """Float-graph forms rknn-toolkit2 2.5.0 compiles onto the NPU, and the patterns it crashes on (measured
-with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.rknn_qdq`).
+with its x86 simulator; the INT8 layout of Q/DQ files is :mod:`.qdq`).
 
 - :class:`FullShapeMasks`: a ``Where`` mask whose condition broadcasts (``bool[1,1,1,N]`` against
   ``[B,H,N,N]`` scores) crashes RKNN's compiler (SIGSEGV in ``RKNNSubgraphManager``, which fuses

@@ -1,6 +1,6 @@
 """Outlier output channels of a Linear, scaled into the Linear's output Q/DQ range for RKNN.
 
-RKNN runs a Linear in INT8 only with its output Q/DQ'd (:mod:`.rknn_qdq`), and an activation Q/DQ has one
+RKNN runs a Linear in INT8 only with its output Q/DQ'd (:mod:`.qdq`), and an activation Q/DQ has one
 scale per tensor. Trained transformers have a few output channels far larger than the rest: in
 all-MiniLM-L6-v2 the second FFN Linear of layer 0 outputs up to 192 on one channel where the others stay
 within a few units, so one uint8 step (0.76) is larger than most channels' values and the laid-out file

@@ -49,7 +49,7 @@ the same, Q/DQ right after the Conv            ``Conv INT8``, the activation alo
                                                Q/DQ after the activation too: ``ConvExSwish INT8``
 AveragePool 3x3/1 pad 1, padding not counted   INT8 **on the CPU** (PoolFormer, EfficientFormer)
 AveragePool counting its padding; unpadded;    ``AveragePool INT8`` on the NPU (hence
-2x2/2                                          :class:`~.rknn_graph.PaddedAvgPools`)
+2x2/2                                          :class:`~.graph.PaddedAvgPools`)
 GlobalAveragePool                              two ``Conv`` rows (counted as GEMM MACs): INT8
                                                between Q/DQ, float16 on a float input
 MaxPool 3x3/2; Resize nearest / linear; Concat ``INT8`` on the NPU
@@ -214,7 +214,7 @@ class LinearsAsConv(GraphPass):
 
     Args:
         ranges: Linear output tensor (the bias Add's output, else the MatMul's) → (lo, hi), measured
-            on calibration data by :func:`~.rknn_graph.output_ranges`. A site without a range is skipped.
+            on calibration data by :func:`~.graph.output_ranges`. A site without a range is skipped.
     """
 
     name = "rknn_linears_as_conv"
@@ -264,26 +264,26 @@ class LinearsAsConv(GraphPass):
 
 def patch_split(p: int) -> int | None:
     """The space-to-depth factor f that splits a p x p patch conv into an f x f and a p/f x p/f conv
-    of at most :data:`~.rknn_graph.MAX_QDQ_PATCH` each (None: p fits as it is, or no split fits)."""
+    of at most :data:`~.graph.MAX_QDQ_PATCH` each (None: p fits as it is, or no split fits)."""
     if p <= MAX_QDQ_PATCH:
         return None
     return next((f for f in range(MAX_QDQ_PATCH, 1, -1) if p % f == 0 and p // f <= MAX_QDQ_PATCH), None)
 
 
 def stride_split(conv: ir.Node) -> int | None:
-    """The space-to-depth factor that splits a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE`
-    (:func:`~.rknn_graph.space_to_depth_factor`), None when none does."""
+    """The space-to-depth factor that splits a Conv of stride above :data:`~.graph.MAX_QDQ_STRIDE`
+    (:func:`~.graph.space_to_depth_factor`), None when none does."""
     return space_to_depth_factor(conv)
 
 
 class PatchConvsInInt8(GraphPass):
     """Each Q/DQ'd patch-embedding Conv in a form RKNN runs in INT8 (see the module docstring): its
     output Q/DQ'd (p ≤ 4), split into two ≤ 4x4 convs (p ≤ 16), else patches-to-channels + a 1x1 conv;
-    a Conv of stride above :data:`~.rknn_graph.MAX_QDQ_STRIDE` (PiT's 16x16 stride 8) split the same
+    a Conv of stride above :data:`~.graph.MAX_QDQ_STRIDE` (PiT's 16x16 stride 8) split the same
     way (:func:`stride_split`), else left for ConvsInFloat with the reason.
 
     Args:
-        ranges: Conv output tensor → (lo, hi), from :func:`~.rknn_graph.output_ranges`.
+        ranges: Conv output tensor → (lo, hi), from :func:`~.graph.output_ranges`.
     """
 
     name = "rknn_patch_convs_in_int8"
@@ -490,7 +490,7 @@ FUSED_ACTIVATIONS = ("Relu", "Clip")
 
 def quantized_convs(model: ir.Model) -> list[ir.Node]:
     """Convs whose activation and constant weight both come through DequantizeLinear, of a stride RKNN
-    compiles in INT8 (:data:`~.rknn_graph.MAX_QDQ_STRIDE`; :class:`PatchConvsInInt8` splits the others it can)."""
+    compiles in INT8 (:data:`~.graph.MAX_QDQ_STRIDE`; :class:`PatchConvsInInt8` splits the others it can)."""
     out = []
     for node in model.graph:
         if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None or conv_stride(node) > MAX_QDQ_STRIDE:
@@ -575,7 +575,7 @@ class ConvOutputsQdq(GraphPass):
     on calibration data.
 
     Args:
-        ranges: tensor name → (lo, hi), from :func:`~.rknn_graph.output_ranges` on
+        ranges: tensor name → (lo, hi), from :func:`~.graph.output_ranges` on
             :func:`conv_outputs_to_measure`. A tensor without one is skipped (ConvsInFloat then strips its Conv).
         zp_dtype: the zero-point type of the file's activations.
     """

@@ -1,21 +1,21 @@
 """Rockchip RK3588's NPU through rknn-toolkit2 2.5.0: ``model.rknn``, gated on RKNN's x86 simulator.
 
 rknn-toolkit2 lives in a venv of its own (``make setup-rknn``: it pins numpy<=1.26.4 / onnx<=1.18 and
-imports torch) and runs in a worker process (:mod:`vitexport.toolchains.rknn`). The target owns
+imports torch) and runs in a worker process (:mod:`.client`). The target owns
 - where Q/DQ goes: symmetric int8 activations, per-channel weights (RKNN's own default), attention's
   Q·Kᵀ and attn·V quantized; smoothing Muls inserted before Linears stay (RKNN refused them,
   ``Invalid w_par['dtype'] = float16``, only while the Linears read float inputs; in the Q/DQ layout
   the demo with its 4 inserted Muls compiles with 100 % of its GEMM/Conv MACs in INT8);
-- the route by which the INT8 reaches RKNN (``target_options.route``, :mod:`vitexport.toolchains.rknn_routes`):
+- the route by which the INT8 reaches RKNN (``target_options.route``, :mod:`.routes`):
   ``qdq`` (default, the best measured in ``bench/results-npu.md``: vitexport's Q/DQ in the layout
   RKNN runs as INT8: every quantized Conv's output Q/DQ'd, after the Relu/Clip RKNN fuses; the conv
-  kinds and ops measured are tabled in :mod:`vitexport.toolchains.rknn_qdq`), ``rknn`` (RKNN's own quantizer on vitexport's float graph), ``hybrid``
+  kinds and ops measured are tabled in :mod:`.qdq`), ``rknn`` (RKNN's own quantizer on vitexport's float graph), ``hybrid``
   (vitexport's ranges written into RKNN's quantization config);
 - what its runtime accepts: :class:`RknnRules`, the patterns RKNN crashes on, hangs on or runs on the
   CPU, checked on the file as it will be laid out for RKNN;
 - the INT8 gate's arithmetic: float Q/DQ semantics (the float parts run in FP16 on the NPU; the
   ``simulate`` stage measures that);
-- two stages (:mod:`.rknn_stages`): ``build_engine`` → ``model.rknn``, ``simulate`` on RKNN's simulator.
+- two stages (:mod:`.stages`): ``build_engine`` → ``model.rknn``, ``simulate`` on RKNN's simulator.
 
 RKNN's config: ``remove_reshape`` drops the Reshape RKNN otherwise runs on the CPU at the model's
 output ((1, C, 1, 1) → (1, C)); ``model.rknn`` then returns the same values in RKNN's 4-D layout,

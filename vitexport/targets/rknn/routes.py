@@ -1,11 +1,11 @@
 """The three ways to hand vitexport's INT8 to RKNN, each as the ONNX file (and quantization) RKNN gets:
 
 - ``rknn``: RKNN's own quantizer (``build(do_quantization=True)``) on vitexport's float graph in the
-  forms RKNN compiles (:mod:`.rknn_graph`: masks full-shape, Transposes of at most 4 axes).
+  forms RKNN compiles (:mod:`.graph`: masks full-shape, Transposes of at most 4 axes).
 - ``hybrid``: RKNN's quantizer in two steps with vitexport's calibrated ranges written into its
   quantization config between them (``hybrid_quantization_step1/2``).
-- ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.rknn_qdq`): Linears as
-  Q/DQ'd 1x1 Convs (outlier output channels scaled into the output range, :mod:`.rknn_outliers`),
+- ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.qdq`): Linears as
+  Q/DQ'd 1x1 Convs (outlier output channels scaled into the output range, :mod:`.outliers`),
   patch convs split to ≤ 4x4 and convs of stride > 7 split, Q·Kᵀ scores Q/DQ'd before their scale,
   every quantized Conv's output Q/DQ'd (after a Relu/Clip it fuses); the float forms of the ``rknn``
   route too (full-shape masks, 4-D Transposes, padded AveragePools that count their padding).

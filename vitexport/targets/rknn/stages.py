@@ -1,5 +1,5 @@
 """What the rk3588 target adds to a run: ``build_engine`` compiles ``model.rknn`` with rknn-toolkit2
-(in its worker, :mod:`vitexport.toolchains.rknn`), ``simulate`` gates RKNN's x86 simulator.
+(in its worker, :mod:`.client`), ``simulate`` gates RKNN's x86 simulator.
 
 RKNN's simulator runs a model only inside the process that built it, so one worker call compiles the
 model and runs the simulator on every parity input; the two stages split that call's results so the
@@ -7,7 +7,7 @@ pipeline loop gates (and times) each on its own: the simulator's steps of that c
 ``simulate``'s time (``StageOutput.later_work_s``), the rest as ``build_engine``'s:
 
 - ``build_engine``: the ONNX file RKNN compiled (``model.rknn.onnx``: the route's layout of the Q/DQ or
-  float file, :mod:`vitexport.toolchains.rknn_routes`) is gated in ONNX Runtime (the layout keeps
+  float file, :mod:`.routes`) is gated in ONNX Runtime (the layout keeps
   the model's function); ``model.rknn`` and what RKNN's op table says the NPU runs are recorded.
 - ``simulate``: the simulator's outputs on the parity inputs, recorded by that call with a digest of
   each input (:class:`~vitexport.runners.RecordedRunner`), are gated against the golden reference.

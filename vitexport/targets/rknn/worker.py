@@ -4,11 +4,11 @@ rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18 and protobuf<=4.25.4, imports torch
 terminal from C++ and can crash its process (a segfault in its subgraph manager on some masks), so it
 runs here, in a process of its own, with files in and files out:
 
-    python -I rknn_worker.py REQUEST.json
+    python -I worker.py REQUEST.json
 
 reads a JSON request, writes the JSON reply to ``request["reply"]`` (atomically, after every stage, so
 a crash leaves the stages that finished) and the outputs as ``.npy`` files. Only the standard library,
-numpy and rknn are imported here. The schema is in :mod:`vitexport.toolchains.rknn` (the client).
+numpy and rknn are imported here. The schema is in :mod:`vitexport.targets.rknn.client` (the client).
 """
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def _analysis(rknn, req: dict, reply: dict) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: rknn_worker.py REQUEST.json", file=sys.stderr)
+        print("usage: worker.py REQUEST.json", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         req = json.load(f)

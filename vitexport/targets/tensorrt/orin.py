@@ -1,6 +1,6 @@
 """Jetson Orin with TensorRT 10 (JetPack 6.1+): explicit, symmetric, strongly typed Q/DQ.
 
-The worked example of a target module (:class:`~vitexport.targets.base.Target` lists what one
+The worked example of a target module (:class:`~vitexport.targets.Target` lists what one
 provides): the class registers itself under ``orin``, ``orin.yaml`` beside this file is its default
 recipe, and it owns
 - where Q/DQ goes: symmetric int8 everywhere (TensorRT rejects a non-zero zero point), per-channel
@@ -10,10 +10,10 @@ recipe, and it owns
 - the precision of the float parts: FP16 by default, since a strongly typed build runs what the
   file says and FP16 float parts are what make INT8 pay;
 - what its runtime accepts: TensorRT's Q/DQ rules over TensorRT 10.3's ONNX parser
-  (:mod:`.tensorrt_rules`, :mod:`.tensorrt_ops`);
+  (:mod:`.rules`, :mod:`.ops`);
 - the INT8 gate's arithmetic: float Q/DQ semantics, the FP16 float parts as written;
 - extra files and stages: TensorRT's legacy ``calibration.cache`` beside the scale table,
-  ``build_engine.sh`` and the ``build_engine`` stage (:mod:`.tensorrt_engine`).
+  ``build_engine.sh`` and the ``build_engine`` stage (:mod:`.engine`).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ opset 19), ``orin.qdq_pairs`` (each Q feeds one DQ, each activation DQ is fed by
 ``orin.dedicated_pairs`` (an activation DQ has one consumer), ``orin.float_consumer`` (no DQ into
 ops TensorRT runs in float: LayerNorm, Softmax, GELU, residual Adds...), ``tensorrt.ops`` and
 ``tensorrt.opset`` (the operators and opsets of the target's TensorRT release's ONNX parser,
-:mod:`.tensorrt_ops`).
+:mod:`.ops`).
 """
 from __future__ import annotations
 

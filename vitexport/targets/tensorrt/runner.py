@@ -71,7 +71,7 @@ class TensorRTRunner(BaseRunner):
     """A serialized TensorRT engine (``.plan``) run by Polygraphy's ``TrtRunner``.
 
     Args:
-        engine_path: the engine file (built by :func:`vitexport.quantize.build_engine` or trtexec).
+        engine_path: the engine file (built by :func:`.engine.build_engine` or trtexec).
         name: the runner's name in reports.
     """
 
