@@ -23,6 +23,9 @@ from pathlib import Path
 import onnx_ir as ir
 
 from vitexport.check.rules import RuntimeRules, qdq_scale, violation
+from vitexport.recipe import TargetStage
+from vitexport.runners import QDQ_AS_FLOAT, OnnxRuntimeRunner
+from vitexport.stages import INT8_ONNX, Contribution, StageOutput
 from vitexport.targets import Target, register_target
 
 
@@ -37,11 +40,33 @@ class ToyRules(RuntimeRules):
         return out
 
 
+class ToySimulate:
+    """A stage of the plug-in's own: its simulator runs the Q/DQ file as float Q/DQ ops."""
+    name = "toy_simulate"
+    needs_torch = False
+
+    def enabled(self, recipe):
+        return recipe.stages.quantize_int8.enabled and recipe.toggle(self.name).enabled
+
+    def key(self, ctx):
+        return None
+
+    def run(self, ctx):
+        return StageOutput(notes=["the toy simulator"])
+
+    def runner(self, ctx, out):
+        return OnnxRuntimeRunner(ctx.files[INT8_ONNX], name=self.name, config=QDQ_AS_FLOAT)
+
+
 @register_target
 class ToyTarget(Target):
     name = "toy"
     description = "Toy accelerator, per-tensor INT8 (a plug-in)"
     force_per_tensor = True
+    target_stages = (TargetStage("toy_simulate"),)
+
+    def contribution(self):
+        return Contribution(stages=(ToySimulate(),))
 
     def rules(self):
         return ToyRules()
@@ -57,6 +82,7 @@ TOY_RECIPE = """\
 target: toy
 export: {opset: 13}
 contract: {max_opset: 13}
+parity: {toy_simulate: {cosine_min: 0.97}}
 """
 
 
@@ -69,7 +95,7 @@ def _plugin(site: Path, entry: str) -> dict[str, str]:
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[vitexport.targets]\n{entry}\n")
-    return {**os.environ, "PYTHONPATH": str(site)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def _cli(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -95,6 +121,12 @@ def test_a_plugin_target_lists_exports_the_demo_and_checks(tmp_path):
     assert "build_engine.sh" not in manifest["artifacts"]  # no TensorRT here: the toy adds no engine
     details = {s["stage"]: s for s in json.loads((out / "parity.json").read_text())["stages"]}
     assert details["quantize_int8"]["details"]["quantize"]["artifacts"]["toy_scales"].endswith("toy_scales.txt")
+    # its own stage ran after quantize_int8, gated with the contract its recipe gave the declared stage
+    assert list(details)[-1] == "toy_simulate" and details["toy_simulate"]["passed"]
+    assert details["toy_simulate"]["tolerance"]["cosine_min"] == 0.97
+    misspelt = _cli(env, "export", "--target", "toy", "--out", tmp_path / "x", "--set", "stages.toy_simulat.enabled=false",
+                    cwd=tmp_path)
+    assert misspelt.returncode == 2 and "unknown key 'toy_simulat' in stages; did you mean 'toy_simulate'?" in misspelt.stderr
 
     check = _cli(env, "check", out / "model.int8.onnx", "--target", "toy", cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
