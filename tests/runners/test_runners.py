@@ -1,4 +1,5 @@
-"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, TensorRT."""
+"""Runners behind one interface: torch, ONNX Runtime, the ONNX reference evaluator, and TensorRT's (in its
+backend folder, vitexport/targets/tensorrt/)."""
 from __future__ import annotations
 
 import subprocess
@@ -10,17 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from vitexport.runners import (
-    BaseRunner,
-    OnnxReferenceRunner,
-    OnnxRuntimeRunner,
-    TensorRTRunner,
-    TorchRunner,
-    primary_output,
-    require_tensorrt,
-    tensorrt_available,
-    tensorrt_missing,
-)
+from vitexport.runners import BaseRunner, OnnxReferenceRunner, OnnxRuntimeRunner, TorchRunner, primary_output
+from vitexport.targets.tensorrt.runner import TensorRTRunner, require_tensorrt, tensorrt_available, tensorrt_missing
 from vitexport.errors import BadInput
 
 
@@ -161,7 +153,7 @@ def test_tensorrt_runner_without_tensorrt_is_a_clean_error(tmp_path):
 @pytest.mark.skipif(not tensorrt_available(), reason="needs tensorrt, polygraphy and an NVIDIA GPU")
 def test_tensorrt_runner_matches_onnxruntime(net_and_onnx, tmp_path):  # pragma: no cover - GPU only
     """A float model built strongly typed through Polygraphy (float32 stays float32) runs like ONNX Runtime."""
-    from vitexport.quantize import build_engine
+    from vitexport.targets.tensorrt.engine import build_engine
 
     _, _, path, feed = net_and_onnx
     plan = build_engine(path, tmp_path / "net.plan", strongly_typed=True)
@@ -177,7 +169,7 @@ def test_tensorrt_qdq_engine_runs_fake_quantization(tmp_path, strongly_typed):  
     """A Q/DQ model built both ways (TensorRT 10 strongly typed; TensorRT 8's --int8 --fp16) computes
     what ONNX Runtime computes with Q/DQ as float ops."""
     from vitexport.runners import QDQ_AS_FLOAT
-    from vitexport.quantize import build_engine
+    from vitexport.targets.tensorrt.engine import build_engine
 
     _qdq_matmul(tmp_path / "q.onnx")
     plan = build_engine(tmp_path / "q.onnx", tmp_path / "q.plan", strongly_typed=strongly_typed)
