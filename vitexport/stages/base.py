@@ -84,12 +84,13 @@ class Stage(Protocol):
     """One pipeline stage.
 
     Attributes:
-        name: the stage's name; its tolerance is ``recipe.tolerance(name)``.
+        name: the stage's name (a :class:`StageName`, or a stage its target declares); its
+            tolerance is ``recipe.tolerance(name)``.
         needs_torch: the stage reads the torch module (``ctx.module``); once no enabled stage
             left does, the loop frees the torch weights before the ONNX work.
     """
 
-    name: StageName
+    name: StageName | str
     needs_torch: bool
 
     def enabled(self, recipe: Recipe) -> bool:

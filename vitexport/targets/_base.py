@@ -66,7 +66,11 @@ class Target:
     6. **Extra files and stages**: :meth:`write_artifacts` writes files that need the calibrated
        scales (orin: TensorRT's ``calibration.cache``); :meth:`contribution` returns files written
        beside the Q/DQ model and stages run after it (orin: ``build_engine.sh`` and the TensorRT
-       engine stage, :mod:`vitexport.targets.tensorrt.engine`).
+       engine stage, :mod:`vitexport.targets.tensorrt.engine`); each such stage is declared in
+       :attr:`target_stages` (its name and contract: the keys ``stages.<name>`` and ``parity.<name>``
+       of this target's recipes), and a file its runtime runs is opened for ``vitexport parity
+       --compare`` by :meth:`open_artifact` (:attr:`artifact_suffixes`). A vendor's target lives
+       in the vendor's folder (``targets/tensorrt/``) with everything else that names the vendor.
     7. **Recipe cross-checks and its own settings**: :meth:`check_recipe` refuses recipes the
        target cannot run, at load time, with the key to change (a target with ``forbid_float16``
        refuses ``quantization.high_precision: fp16``); settings only this target understands are a
