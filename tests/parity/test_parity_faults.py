@@ -30,7 +30,7 @@ from parity_models import (
     tiny_vit,
 )
 from vitexport.runners import OnnxRuntimeRunner, TorchRunner
-from vitexport.errors import ParityFailure
+from vitexport.errors import BadInput, ParityFailure
 from vitexport.parity import (
     ParityRun,
     capture_reference,
@@ -163,6 +163,30 @@ def test_compare_two_onnx_files_names_the_scaled_block(vit_onnx, compare_files):
     same = compare_models(str(vit_onnx), str(vit_onnx), data, layers=True)
     assert same.passed and same.stages[0].first_divergence is None
     assert same.stages[0].metrics.max_abs == 0.0 and same.stages[0].metrics.accuracy is not None
+
+
+def test_compare_opens_a_targets_artifact_through_its_opener(vit_onnx, compare_files, tmp_path):
+    """A file a target's runtime runs (orin: a ``.plan``) is opened by the opener the target hands in by its
+    suffix (``Target.open_artifact``): compare names no backend. Here the "runtime" is ONNX Runtime over
+    a copy of the model under a suffix of its own."""
+    import shutil
+
+    from vitexport.runners import OnnxRuntimeRunner
+
+    _, _, data = compare_files
+    artifact = shutil.copy(vit_onnx, tmp_path / "model.myrt")
+    opened = []
+
+    def opener(path):
+        opened.append(path.name)
+        return OnnxRuntimeRunner(path, name=path.name)
+
+    run = compare_models(str(vit_onnx), str(artifact), data, artifacts={".myrt": opener})
+    assert run.passed and opened == ["model.myrt"] and run.stages[0].engine == "onnxruntime"
+    with pytest.raises(BadInput, match=r"expected an \.onnx file, .* or a file a target runs \(\.myrt\)"):
+        compare_models(str(vit_onnx), str(tmp_path / "model.other"), data, artifacts={".myrt": opener})
+    with pytest.raises(BadInput, match="file not found"):
+        compare_models(str(vit_onnx), str(tmp_path / "gone.myrt"), data, artifacts={".myrt": opener})
 
 
 def test_compare_a_model_uri_with_an_onnx_file(vit, compare_files, tmp_path):
