@@ -85,3 +85,23 @@ def test_a_folder_named_tensorrt_is_not_tensorrt(monkeypatch, tmp_path):
         assert "tensorrt" in missing
     if importlib.util.find_spec("polygraphy").origin is None:
         assert "polygraphy" in missing
+
+
+@pytest.mark.skipif(tensorrt_available(), reason="TensorRT is available here")
+def test_parity_compare_opens_a_plan_through_the_orin_target(tmp_path):
+    """``vitexport parity --compare A model.plan``: the plan reaches TensorRT's runner through the orin
+    target's ``open_artifact`` (parity/ names no backend), which says what is missing here."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vitexport.api import compare
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["output"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "a.onnx")
+    np.savez(tmp_path / "d.npz", x=np.ones((2, 4), np.float32))
+    (tmp_path / "model.plan").write_bytes(b"not an engine")
+    with pytest.raises(BadInput, match=r"running the TensorRT engine model\.plan needs the 'tensorrt' extra"):
+        compare(str(tmp_path / "a.onnx"), str(tmp_path / "model.plan"), tmp_path / "d.npz")
