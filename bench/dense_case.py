@@ -75,7 +75,7 @@ def prepare_dense(kind: str, script: str, work: Path, tiny: bool = False) -> dic
     auto = AutoModelForObjectDetection if kind == "detection" else AutoModelForSemanticSegmentation
     model = auto.from_pretrained(str(work / "model"))
     with np.load(work / "score.npz") as z:
-        x = z["x"]
+        x = z["pixel_values"]
     with np.load(work / "labels_score.npz") as z:
         labels = {k: z[k] for k in z.files}
     np.savez(work / "reference.npz", **_outputs(model, x, DENSE_KINDS[kind]), **labels)

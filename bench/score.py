@@ -92,10 +92,12 @@ def _score_dense(onnx_path, sess, data: dict, names: list[str], ref: dict, kind:
     """Every output by name, batch 1; cosine of the task's first output, then the task figures."""
     outputs = [o.name for o in sess.get_outputs()]
     wanted = DENSE_KINDS[kind]
-    missing = [w for w in wanted if w not in outputs]
+    # vitexport names a model's only output 'output' (a segmenter's logits): the task's only output then
+    fetch = outputs if len(outputs) == 1 == len(wanted) else list(wanted)
+    missing = [w for w in fetch if w not in outputs]
     if missing:
         raise ValueError(f"{onnx_path}: no output(s) {missing} (has {outputs}): a dense case scores them by name")
-    rows = [sess.run(list(wanted), {k: data[k][i : i + 1] for k in names}) for i in range(len(data[names[0]]))]
+    rows = [sess.run(fetch, {k: data[k][i : i + 1] for k in names}) for i in range(len(data[names[0]]))]
     outs = {w: np.concatenate([r[j] for r in rows]) for j, w in enumerate(wanted)}
     cos = cosines(ref[wanted[0]], outs[wanted[0]])
     return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "n": len(rows), "qdq_as_float": qdq_as_float,
