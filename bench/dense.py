@@ -30,8 +30,9 @@ SCENE = dict(size=64, min_objects=1, max_objects=3, min_side=12, max_side=30)
 #: first seed of each split; the training scripts draw from TRAIN_BASE upwards (never reaching the others)
 SPLIT_SEEDS = {"calib": 1_000_000, "parity": 2_000_000, "score": 3_000_000}
 TRAIN_BASE = 0
-#: the detector: YOLOS (a plain ViT: 64 patches of 8×8 plus 8 detection tokens, for at most 3 objects)
-YOLOS = dict(image_size=[64, 64], patch_size=8, hidden_size=96, num_hidden_layers=4, num_attention_heads=4,
+#: the detector: YOLOS (a plain ViT: 16 patches of 16×16 plus 8 detection tokens, for at most 3 objects; 16-pixel
+#: patches train 2× faster per step than 8-pixel ones on a loaded 2-core machine)
+YOLOS = dict(image_size=[64, 64], patch_size=16, hidden_size=96, num_hidden_layers=4, num_attention_heads=4,
              intermediate_size=192, num_detection_tokens=8, use_mid_position_embeddings=False,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 #: the segmenter: SegFormer (Mix Transformer, 4 stages, efficient attention with reduction convs, all-MLP decoder)

@@ -71,8 +71,8 @@ def write_case(out: Path, model, held: dict[str, dict], meta: dict, most: int) -
 
 def seeded(seed: int, threads: int = 1) -> None:
     """:func:`_train_common.deterministic`, but HF's interpolations have no deterministic-algorithms variant
-    to insist on (warn only), and ``threads`` torch threads (the detector takes 2 to finish in minutes on a
-    loaded machine: its figures may then differ in the last bits from run to run)."""
+    to insist on (warn only), and ``threads`` torch threads (1: a second thread on a loaded 2-core machine
+    spent 5× the CPU time per step spinning)."""
     deterministic(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.set_num_threads(threads)
