@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--train-scenes", type=int, default=8000)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model, a few steps, small splits (tests)")
     a = ap.parse_args(argv)
