@@ -181,8 +181,10 @@ def cases_plan() -> CasePlan:
     keys, sizes = gen_cases(range(16))
     return CasePlan(
         name="peers",
+        # shapes_yolos is not in the default run yet: scripts/train_detector.py does not reach a useful held-out mAP
+        # in the minutes this machine gives it (issue 29); `--models shapes_yolos` measures it
         cases=("demo", "digits_vit", "text_encoder", "photo_swin", "doc_encoder", "minilm", "vit_base_outlier",
-               "shapes_yolos", "shapes_segformer", *keys),
+               "shapes_segformer", *keys),
         extra={"vit_base_outlier": (("vx", 256), ("nncf", 256))},
         sizes={"vit_base_outlier": {"parity": 32, "score": 64}, "minilm": {"parity": 256, "score": 512}, **sizes},
         latency_runs={"demo": 100, "digits_vit": 50, "text_encoder": 50, "photo_swin": 50, "doc_encoder": 50,
