@@ -42,7 +42,8 @@ class CaseSpec:
     Attributes:
         key: short name used in tables, record ids and file names.
         title: what a reader sees.
-        kind: ``classifier`` (logits; top-1 agreement, accuracy with labels) or ``embedding``.
+        kind: ``classifier`` (logits; top-1 agreement, accuracy with labels), ``embedding``, or a dense task
+            (``detection``, ``segmentation``: :mod:`bench.dense_case`, a Hugging Face folder scored by its task).
         trained: trained weights with labelled data (accuracy is reported).
         real: real pretrained weights installed from the package index (issue 30), never tuned on.
         script: the training script under ``scripts/`` (None: not trained here).
@@ -86,6 +87,10 @@ CASES: dict[str, CaseSpec] = {
                  "embedding", False, real=True),
         CaseSpec("mpnet", "all-mpnet-base-v2 (real pretrained sentence encoder, MPNet 12 layers, relative position bias, "
                  "64 tokens, padding mask)", "embedding", False, real=True),
+        CaseSpec("shapes_yolos", "YOLOS detector on 64×64 scenes of shapes (trained, HF folder, logits + pred_boxes)",
+                 "detection", True, "train_detector.py"),
+        CaseSpec("shapes_segformer", "SegFormer segmenter on 64×64 scenes of shapes (trained, HF folder, 4 classes)",
+                 "segmentation", True, "train_segmenter.py"),
         *(CaseSpec(f"gen{s:02d}", draw(s).title(), "classifier", False, seed=s) for s in range(16)),
     )
 }
@@ -330,6 +335,19 @@ def _trained(spec: CaseSpec, work: Path, tiny: bool) -> tuple[object, dict]:
     return model.eval(), {"uri": f"python:{ARCH.relative_to(REPO)}:{fn}", "notes": notes, "train_meta": meta}
 
 
+def _dense_case(spec: CaseSpec, work: Path, tiny: bool) -> dict:
+    """A detection / segmentation case (:mod:`bench.dense_case`): an ``hf:`` folder, its weights inside it."""
+    from .dense_case import prepare_dense
+
+    info = prepare_dense(spec.kind, spec.script, work, tiny)
+    sizes = {n: int(len(np.load(work / f"{n}.npz")["pixel_values"])) for n in ("score", "parity", "calib")}
+    meta = info["train_meta"]["heldout_vs_labels"]["score"]
+    return {"uri": info["uri"], "weights": None, "kind": spec.kind, "inputs": ["pixel_values"],
+            "calib": str(work / "calib.npz"), "parity": str(work / "parity.npz"), "score": str(work / "score.npz"),
+            "reference": str(work / "reference.npz"), "notes": info["notes"], "fp32_vs_labels": meta,
+            **{f"n_{k}": v for k, v in sizes.items()}}
+
+
 def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, int] | None = None,
                  seed: int = 0, tiny: bool = False) -> dict:
     """Write (or reuse) the case's weights and splits, and the FP32 reference on the score split.
@@ -346,6 +364,8 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         ``inputs`` (names), ``notes``, ``fp32_accuracy`` (trained cases), ``distinct_top1``, sizes.
     """
     work.mkdir(parents=True, exist_ok=True)
+    if spec.kind in ("detection", "segmentation"):
+        return _dense_case(spec, work, tiny)
     fixed = {**REAL_SIZES, **(sizes or {})}  # the real-weight cases: fixed splits unless a test shrinks them
     given = sizes is not None
     sizes = {"parity": 32, "score": 64, **(sizes or {})}

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cases import CASES, prepare_case
+from bench.dense_case import DENSE_KINDS, score_dense
 from bench.models import MODELS, prepare_model
 from bench.npu_models import SWIN_TITLE, prepare_swin
 from vitexport.api import export
@@ -50,7 +51,7 @@ RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=
 OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
 #: the trained models, as issue 19's bench cases (bench/cases.py): the demo, a digits ViT, a text encoder
 #: with a padding mask and mean pooling (scored through its trained topic head), a shifted-window Swin
-CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin", "minilm", "mpnet")
+CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin", "minilm", "mpnet", "shapes_yolos", "shapes_segformer")
 
 
 def _feeds(npz: str, names: list[str], n: int) -> list[dict[str, np.ndarray]]:
@@ -69,6 +70,10 @@ def _prepare(key: str, samples: int, trained_samples: int) -> dict:
         c = prepare_case(CASES[key], CASES_WORK / key, max_calib=256)
         info = {**c, "heldout": c["score"], "n": min(trained_samples, c["n_score"])}
         ref_key = "out"
+        if c["kind"] in DENSE_KINDS:  # issue 29: outputs by name, labels beside them (bench.dense_case)
+            with np.load(info["reference"]) as z:
+                info["ref"] = {k: z[k][: info["n"]] for k in z.files}
+            return {**info, "y": None, "head": None}
     else:
         info = prepare_swin(work) if key == "swin" else prepare_model(MODELS[key], work, max_calib=64)
         info = {**info, "parity": info["heldout"], "inputs": ["x"], "n": samples}
@@ -80,8 +85,25 @@ def _prepare(key: str, samples: int, trained_samples: int) -> dict:
     return info
 
 
-def _parity(out: np.ndarray, info: dict) -> dict:
-    """Cosine vs the torch outputs; top-1 agreement and accuracy on the logits (an embedding's: its head's)."""
+def _outputs(onnx: Path, outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """A runner's output list by the ONNX file's output names (RKNN keeps the graph's output order)."""
+    import onnx as onnx_lib
+
+    names = [o.name for o in onnx_lib.load(str(onnx), load_external_data=False).graph.output]
+    return dict(zip(names, outs))
+
+
+def _parity(out, info: dict) -> dict:
+    """Cosine vs the torch outputs; top-1 agreement and accuracy on the logits (an embedding's: its head's); a
+    dense case's (``out``: outputs by name) task figures vs FP32 and vs labels (:func:`bench.dense_case.score_dense`)."""
+    if isinstance(out, dict):
+        kind, ref = info["kind"], info["ref"]
+        if len(out) == 1 == len(DENSE_KINDS[kind]):  # vitexport names a model's only output 'output'
+            out = {DENSE_KINDS[kind][0]: next(iter(out.values()))}
+        outs = {k: out[k].reshape(ref[k].shape) for k in DENSE_KINDS[kind]}
+        a, b = (v.reshape(len(v), -1).astype(np.float64) for v in (outs["logits"], ref["logits"]))
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        return {"cos_min": float(cos.min()), "cos_mean": float(cos.mean()), **score_dense(kind, outs, ref)}
     ref = info["ref"]
     a, b = out.reshape(len(ref), -1).astype(np.float64), ref.reshape(len(ref), -1).astype(np.float64)
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -108,7 +130,8 @@ def _rknn_row(onnx: Path, route: str, calib, info: dict, work: Path, calibration
                                    inputs=[to_npu(f) for f in held]), work)
     except BadInput as exc:
         return {"error": str(exc)}
-    return {**_parity(res.outputs[0], info), **res.summary.to_dict(), "compile_s": res.compile_s,
+    got = _outputs(work / "npu.onnx" if host else onnx, res.outputs) if info.get("kind") in DENSE_KINDS else res.outputs[0]
+    return {**_parity(got, info), **res.summary.to_dict(), "compile_s": res.compile_s,
             "sim_ms": 1e3 * (res.seconds_per_sample or 0.0), "hybrid": {k: len(v) for k, v in (res.reply.get("hybrid") or {}).items() if isinstance(v, list)}}
 
 
@@ -133,7 +156,8 @@ def bench_model(key: str, samples: int, trained_samples: int) -> dict:
         rows[route] = _rknn_row(src, route, calib, info, work / f"r-{route}", out / "calibration.json")
     held = _feeds(info["heldout"], info["inputs"], info["n"])
     with OnnxRuntimeRunner(out / "model.int8.onnx", config=QDQ_AS_FLOAT) as run:
-        rows["ort_qdq"] = _parity(next(iter(run.infer_batches(held).values())), info)
+        got = run.infer_batches(held)
+        rows["ort_qdq"] = _parity(got if info.get("kind") in DENSE_KINDS else next(iter(got.values())), info)
     return rows
 
 
@@ -157,7 +181,9 @@ def bench_openvino(key: str, samples: int, trained_samples: int) -> dict:
     row: dict = {"n": info["n"]}
     for kind in ("fp32", "int8"):
         with OpenVinoRunner(out / f"model.{kind}.onnx", threads=2) as run:
-            row[kind] = {**_parity(next(iter(run.infer_batches(held).values())), info), "latency_ms": _latency_ms(run, held[0]),
+            got = run.infer_batches(held)
+            got = got if info.get("kind") in DENSE_KINDS else next(iter(got.values()))
+            row[kind] = {**_parity(got, info), "latency_ms": _latency_ms(run, held[0]),
                          "int8_share": run.precisions().int8_share}
     row["speedup"] = row["fp32"]["latency_ms"] / row["int8"]["latency_ms"]
     return row
@@ -167,9 +193,19 @@ def _acc(r: dict) -> str:
     return f"{r['accuracy']:.3f} ({r['fp32_accuracy']:.3f})" if "accuracy" in r else ""
 
 
+def _task(r: dict) -> str:
+    """A dense case's task figures in the top-1 / accuracy columns: vs FP32 and vs the labels (FP32's in brackets)."""
+    if "map_vs_fp32" in r:
+        return (f"mAP {r['map_vs_fp32']:.3f} vs FP32 | mAP {r['map_labels']:.3f} ({r['fp32_map_labels']:.3f}) vs labels")
+    return f"mIoU {r['miou_vs_fp32']:.3f} vs FP32 | mIoU {r['miou_labels']:.3f} ({r['fp32_miou_labels']:.3f}) vs labels"
+
+
 def _fmt(r: dict) -> str:
     if "error" in r:
         return f"| error: {r['error'][:160]} | | | | | | |"
+    if "top1" not in r:
+        return (f"| {r['cos_min']:.4f} | {r['cos_mean']:.4f} | {_task(r)} | {r['int8_share']:.1%} | "
+                f"{r['compile_s']:.1f} | {r['sim_ms']:.1f} |")
     return (f"| {r['cos_min']:.4f} | {r['cos_mean']:.4f} | {r['top1']:.3f} | {_acc(r)} | {r['int8_share']:.1%} | "
             f"{r['compile_s']:.1f} | {r['sim_ms']:.1f} |")
 
@@ -195,24 +231,26 @@ def render(results: dict, ov: dict, samples: int, trained_samples: int) -> str:
                              ("qdq", "(c) vitexport's Q/DQ in RKNN's INT8 layout")):
             lines.append(f"| {title} " + _fmt(rows[route]))
         o = rows["ort_qdq"]
+        fig = _task(o) if "top1" not in o else f"{o['top1']:.3f} | {_acc(o)}"
         lines += [f"| vitexport's Q/DQ file in ONNX Runtime (float Q/DQ) | {o['cos_min']:.4f} | {o['cos_mean']:.4f} | "
-                  f"{o['top1']:.3f} | {_acc(o)} | | | |", ""]
+                  f"{fig} | | | |", ""]
     if ov:
         lines += ["## OpenVINO 2026.4 CPU plugin (2 threads, batch 1)", "",
                   "| model | held-out | FP32 cos min | INT8 cos min | INT8 top-1 agree | INT8 accuracy (FP32) | INT8 share (runtime) "
                   "| FP32 ms | INT8 ms | speedup |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for key, r in ov.items():
+            fig = _task(r["int8"]) if "top1" not in r["int8"] else f"{r['int8']['top1']:.3f} | {_acc(r['int8'])}"
             lines.append(f"| {_title(key)} | {r['n']} | {r['fp32']['cos_min']:.4f} | {r['int8']['cos_min']:.4f} | "
-                         f"{r['int8']['top1']:.3f} | {_acc(r['int8'])} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
+                         f"{fig} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
                          f"{r['int8']['latency_ms']:.1f} | {r['speedup']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet")
-    ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder,minilm,mpnet")
+    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet,shapes_segformer")
+    ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder,minilm,mpnet,shapes_segformer")
     ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
     ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")
     ap.add_argument("--out", default=str(REPO / "bench" / "results-npu.md"))

@@ -92,6 +92,38 @@ def tool_row(r: _R, path: str, case: str, n: int, speed_of_file: bool = True) ->
     return f"| {title} | {cos} | {top1} | {acc} | {qt} | {mem} | {speed} | {gate} |"
 
 
+def _dense_row(r: _R, path: str, case: str, n: int) -> str:
+    """A detection / segmentation case's row: task figures vs FP32 and vs the labels (:mod:`bench.dense_case`)."""
+    rec = r.rec(path, case, n)
+    f = _fail(rec)
+    if f:
+        return f"| {TOOL_TITLES[path]} | {f} | | | |"
+    q = r.q(path, case, n)
+    if not q:
+        return f"| {TOOL_TITLES[path]} | not scored | | | |"
+    gate = _gate(rec) if path == "vx" else "–"
+    if CASES[case].kind == "detection":
+        return (f"| {TOOL_TITLES[path]} | mAP {_f4(q.get('map_vs_fp32'))} (AP50 {_f4(q.get('ap50_vs_fp32'))}), box IoU "
+                f"{_f4(q.get('box_iou_mean'))}, class agreement {_pct(q.get('class_agreement'))} | mAP "
+                f"{_f4(q.get('map_labels'))} vs FP32 {_f4(q.get('fp32_map_labels'))} (AP50 {_f4(q.get('ap50_labels'))}) | "
+                f"{_f4(q.get('cosine_mean'))} / {_f4(q.get('cosine_min'))} | {gate} |")
+    return (f"| {TOOL_TITLES[path]} | mIoU {_f4(q.get('miou_vs_fp32'))}, pixel agreement {_pct(q.get('pixel_agreement'))} | "
+            f"mIoU {_f4(q.get('miou_labels'))} vs FP32 {_f4(q.get('fp32_miou_labels'))} | "
+            f"{_f4(q.get('cosine_mean'))} / {_f4(q.get('cosine_min'))} | {gate} |")
+
+
+def _dense_check(r: _R, case: str, n: int) -> str:
+    """Issue 29's done-when for a trained dense case: ≤ 0.5 point of mAP / mIoU lost against the labels, ≥ NNCF's."""
+    key = "map_labels" if CASES[case].kind == "detection" else "miou_labels"
+    v, nn = r.q("vx", case, n), r.q("nncf", case, n)
+    if key not in v:
+        return f"| {case}: ≤ 0.5 point {key} lost vs FP32, ≥ NNCF's | not scored | – |"
+    drop = 100 * (v[f"fp32_{key}"] - v[key])
+    ok = drop <= 0.5 + 1e-9 and (key not in nn or v[key] >= nn[key] - 1e-9)
+    return (f"| {case}: ≤ 0.5 point {key.split('_')[0]} lost against the labels, ≥ NNCF's | vitexport {_f4(v[key])} vs FP32 "
+            f"{_f4(v[f'fp32_{key}'])} ({drop:+.2f} points lost); NNCF {_f4(nn.get(key))} | {_verdict(ok)} |")
+
+
 def _case_table(r: _R, plan: CasePlan, case: str) -> list[str]:
     n = plan.num_samples
     prep = (r.r.get(f"prep|{case}") or {})
@@ -106,6 +138,9 @@ def _case_table(r: _R, plan: CasePlan, case: str) -> list[str]:
                 + (f"; FP32 accuracy {_pct(fp32_acc)}" if fp32_acc is not None else "")
                 + (f"; the FP32 ONNX itself scores cosine min {_f4(fq.get('cosine_min'))} vs torch" if fq else "")
                 + _margin(d) + ".")
+    if CASES[case].kind in ("detection", "segmentation"):
+        return head + ["", "| tool | vs FP32 (the gate's figures) | vs the labels | cosine mean / min (logits) | `vitexport export` |",
+                       "|---|---|---|---|---|", *[_dense_row(r, p, case, n) for p in plan.paths_of(case)], ""]
     head += ["", "| tool | cosine mean / min | top-1 agreement | accuracy | quantize time | peak memory (whole process) | INT8 ÷ FP32 speed | `vitexport export` |",
              "|---|---|---|---|---|---|---|---|"]
     return head + [tool_row(r, p, case, n) for p in plan.paths] + [""]
@@ -119,6 +154,8 @@ def _margin(prep: dict) -> str:
     if not ref.is_file():
         return ""
     with np.load(ref) as z:
+        if "out" not in z.files:  # a dense case: no top-1
+            return ""
         logits = z["out"] if "head_w" not in z.files else z["out"] @ z["head_w"].T + z["head_b"]
     if logits.ndim != 2 or logits.shape[1] < 2:
         return ""
@@ -146,6 +183,9 @@ def _checks(r: _R, plan: CasePlan) -> list[str]:
         ok = None if rec is None or not rec.get("ok") else not (rec.get("data") or {}).get("gate_failure")
         out.append(f"| {case}: `vitexport export --target orin` exits 0 with defaults | {_gate(rec)} | {_verdict(ok)} |")
     for case in (c for c in plan.cases if CASES[c].trained):
+        if CASES[case].kind in ("detection", "segmentation"):
+            out.append(_dense_check(r, case, n))
+            continue
         q = r.q("vx", case, n)
         if "accuracy" not in q:
             out.append(f"| {case}: top-1 agreement ≥ 99.5 %, accuracy drop ≤ 0.3 points | not scored | – |")

@@ -7,7 +7,9 @@ so run ``python -m bench.run --models CASE`` once first). By default Q/DQ nodes 
 quantization (fake-quantized values, float accumulation), not ONNX Runtime's integer kernels.
 
 Figures: per-sample cosine of the output vectors (mean, min), top-1 agreement and accuracy for
-classifiers; for the text encoder accuracy goes through its trained topic head.
+classifiers; for the text encoder accuracy goes through its trained topic head. A dense case
+(``detection`` / ``segmentation``, :mod:`bench.dense_case`) is scored by its task on every output by name:
+mAP / mIoU against FP32 and against the scenes' labels.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from .dense_case import DENSE_KINDS, score_dense
 
 __all__ = ["score_onnx", "cosines", "main"]
 
@@ -41,7 +45,8 @@ def score_onnx(onnx_path: str | Path, score_npz: str | Path, reference_npz: str 
             ``head_w`` / ``head_b`` (an embedding model's classifier, for accuracy).
         qdq_as_float: ``session.disable_quant_qdq=1`` (TensorRT's arithmetic); False: ORT's int8 kernels.
         threads: ONNX Runtime intra-op threads.
-        kind: ``classifier`` (top-1 agreement of the outputs) or ``embedding``.
+        kind: ``classifier`` (top-1 agreement of the outputs), ``embedding``, or a dense task
+            (``detection`` / ``segmentation``: :func:`bench.dense_case.score_dense` on the outputs by name).
     Returns:
         ``cosine_mean``, ``cosine_min``, ``n``, ``qdq_as_float``; ``top1_agreement`` when the outputs
         are logits (directly or through a head); ``accuracy`` / ``fp32_accuracy`` with labels.
@@ -64,6 +69,8 @@ def score_onnx(onnx_path: str | Path, score_npz: str | Path, reference_npz: str 
     if missing:
         raise ValueError(f"{score_npz}: no array for ONNX input(s) {missing} (has {sorted(data)})")
     n = len(data[names[0]])
+    if kind in DENSE_KINDS:
+        return _score_dense(onnx_path, sess, data, names, ref, kind, qdq_as_float)
     out = np.concatenate([sess.run(None, {k: data[k][i : i + 1] for k in names})[0] for i in range(n)])
     r = ref.get("out", ref.get("logits"))
     o = out.reshape(r.shape)
@@ -79,6 +86,22 @@ def score_onnx(onnx_path: str | Path, score_npz: str | Path, reference_npz: str 
         res["accuracy"] = float((o.argmax(1) == ref["y"]).mean())
         res["fp32_accuracy"] = float((r.argmax(1) == ref["y"]).mean())
     return res
+
+
+def _score_dense(onnx_path, sess, data: dict, names: list[str], ref: dict, kind: str, qdq_as_float: bool) -> dict:
+    """Every output by name, batch 1; cosine of the task's first output, then the task figures."""
+    outputs = [o.name for o in sess.get_outputs()]
+    wanted = DENSE_KINDS[kind]
+    # vitexport names a model's only output 'output' (a segmenter's logits): the task's only output then
+    fetch = outputs if len(outputs) == 1 == len(wanted) else list(wanted)
+    missing = [w for w in fetch if w not in outputs]
+    if missing:
+        raise ValueError(f"{onnx_path}: no output(s) {missing} (has {outputs}): a dense case scores them by name")
+    rows = [sess.run(fetch, {k: data[k][i : i + 1] for k in names}) for i in range(len(data[names[0]]))]
+    outs = {w: np.concatenate([r[j] for r in rows]) for j, w in enumerate(wanted)}
+    cos = cosines(ref[wanted[0]], outs[wanted[0]])
+    return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "n": len(rows), "qdq_as_float": qdq_as_float,
+            **score_dense(kind, outs, ref)}
 
 
 def main(argv: list[str] | None = None) -> int:

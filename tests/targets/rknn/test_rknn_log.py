@@ -86,3 +86,18 @@ def test_the_share_names_each_float_conv_with_the_layout_rule_that_left_it(tmp_p
     assert layer.why.startswith("rknn_convs_in_float took its Q/DQ off")
     share = rknn_share(res, "qdq", {}, compiled, [])
     assert "yet RKNN chose float16" in share.float_layers[0].why  # Q/DQ'd in the file: RKNN's own choice
+
+
+def test_last_pass_names_the_code_generation_when_it_crashed_there(tmp_path):
+    """rknn-toolkit2 2.5.0 on a SegFormer (issue 29) died in ``OpEmit`` after ``RKNNAllocateConvCachePass`` ended:
+    the pass named must be the one that had started last, which has no ``rknn::`` prefix."""
+    from vitexport.targets.rknn.log import last_pass
+
+    log = tmp_path / "rknn.log"
+    log.write_text("D RKNN: [23:49:47.733] >>>>>> start: rknn::RKNNAllocateConvCachePass\n"
+                   "D RKNN: [23:49:47.733] <<<<<<<< end: rknn::RKNNAllocateConvCachePass\n"
+                   "D RKNN: [23:49:47.733] >>>>>> start: OpEmit\n"
+                   "D RKNN: [23:49:47.752] finish initComputeZoneMapByStepsVector\n")
+    assert last_pass(log) == "OpEmit"
+    log.write_text("D RKNN: [17:00:00.000] >>>>>> start: rknn::RKNNWeightTransposePass\n")
+    assert last_pass(log) == "rknn::RKNNWeightTransposePass"

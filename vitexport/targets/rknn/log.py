@@ -24,7 +24,8 @@ _ROW = re.compile(
     r"RKNN: \[[0-9:.]+\] (\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU|GPU)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 _SHAPE = re.compile(r"\(([0-9,]*)\)")
 _EXC = re.compile(r"^[A-Z]\w*(Error|Exception): ")
-_PASS = re.compile(r">>>>>> start: (rknn::\w+)")
+#: a compiler pass starting; the last ones (``OpEmit``: the code generation) carry no ``rknn::`` prefix
+_PASS = re.compile(r">>>>>> start: ((?:rknn::)?\w+)")
 #: op types whose multiply-accumulates count as GEMM/Conv work (RKNN fuses bias / activation into
 #: ``ConvAdd``, ``ConvExGelu``, … and turns Linear layers into 1x1 convolutions)
 GEMM_TYPES = ("Conv", "exMatMul", "MatMul", "Gemm", "exSDPAttention")

@@ -1,0 +1,85 @@
+"""Issue 29's dense bench cases: the scene generator's labels agree with its pixels, and a detector's / segmenter's
+figures (vs FP32 and vs labels) move the way a worse model moves them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # ``bench`` is a top-level folder, not part of the installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.dense import CLASSES, SCENE, coco_ground_truth, scene, scenes  # noqa: E402
+from bench.dense_case import labels_map, labels_miou, score_dense  # noqa: E402
+from bench.dense import label_arrays  # noqa: E402
+
+
+def test_scene_is_a_function_of_its_seed_and_its_labels_match_its_pixels():
+    a, b = scene(7), scene(7)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(scene(8)[0], a[0])
+    for seed in range(40):
+        img, boxes, classes, mask = scene(seed)
+        assert img.shape == (3, SCENE["size"], SCENE["size"]) and 0 <= img.min() and img.max() <= 1
+        assert 1 <= len(boxes) <= SCENE["max_objects"] and len(boxes) == len(classes)
+        for (x0, y0, x1, y1), c in zip(boxes.astype(int), classes):
+            inside = mask[y0:y1, x0:x1]
+            # the box is tight: its border rows / columns hold the shape's class, and it has pixels of it
+            assert (inside == c + 1).any(axis=1)[[0, -1]].all() and (inside == c + 1).any(axis=0)[[0, -1]].all()
+        # every labelled pixel lies in a box of its class
+        for k in range(1, len(CLASSES) + 1):
+            ys, xs = np.nonzero(mask == k)
+            for y, x in zip(ys, xs):
+                assert any(b[0] <= x < b[2] and b[1] <= y < b[3] and c + 1 == k for b, c in zip(boxes, classes))
+    gt = coco_ground_truth(*(lambda d: (d["boxes"], d["classes"]))(scenes(3, 0)))
+    assert {a["category_id"] for a in gt["annotations"]} <= {1, 2, 3} and len(gt["images"]) == 3
+
+
+def _perfect_detector(lab: dict, queries: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """Logits / cx-cy-w-h boxes that state the labels exactly (other queries: confident "no object")."""
+    n = len(lab["classes"])
+    logits = np.full((n, queries, len(CLASSES) + 1), -8.0, np.float32)
+    logits[..., -1] = 8.0
+    boxes = np.full((n, queries, 4), 0.1, np.float32)
+    for i in range(n):
+        for j, (c, b) in enumerate(zip(lab["classes"][i], lab["boxes"][i])):
+            if c < 0:
+                continue
+            logits[i, j, :] = -8.0
+            logits[i, j, c] = 8.0
+            boxes[i, j] = [(b[0] + b[2]) / 2, (b[1] + b[3]) / 2, b[2] - b[0], b[3] - b[1]]
+    return logits, boxes
+
+
+def test_detection_figures_vs_fp32_and_vs_labels():
+    lab = label_arrays(scenes(24, 5), SCENE["max_objects"])
+    logits, boxes = _perfect_detector(lab)
+    assert labels_map(logits, boxes, lab)[1] > 0.99  # AP50: the boxes are the labels
+    ref = {"logits": logits, "pred_boxes": boxes, **lab}
+    same = score_dense("detection", {"logits": logits, "pred_boxes": boxes}, ref)
+    assert same["map_vs_fp32"] > 0.99 and same["map_labels"] == same["fp32_map_labels"]
+    shifted = boxes.copy()
+    shifted[..., 0] += 0.08  # every box moved 5 pixels: a worse detector by both measures
+    worse = score_dense("detection", {"logits": logits, "pred_boxes": shifted}, ref)
+    assert worse["map_vs_fp32"] < same["map_vs_fp32"] - 0.2 and worse["map_labels"] < same["map_labels"] - 0.2
+    assert worse["class_agreement"] == 1.0 and worse["box_iou_mean"] < 0.9
+
+
+def test_segmentation_figures_vs_fp32_and_vs_labels():
+    lab = label_arrays(scenes(8, 9), SCENE["max_objects"])
+    s = SCENE["size"] // 4
+    # logits at 1/4 resolution, as SegFormer's, that state the labels (the mask's every 4th pixel)
+    small = lab["mask"][:, 1::4, 1::4].astype(np.int64)
+    logits = np.eye(len(CLASSES) + 1, dtype=np.float32)[small].transpose(0, 3, 1, 2) * 10
+    assert logits.shape[-1] == s
+    miou, acc = labels_miou(logits, lab["mask"])
+    assert miou > 0.6 and acc > 0.9
+    ref = {"logits": logits, **lab}
+    same = score_dense("segmentation", {"logits": logits}, ref)
+    assert same["miou_vs_fp32"] == 1.0 and same["pixel_agreement"] == 1.0
+    flipped = logits.copy()
+    flipped[:, :, : s // 2] = flipped[:, ::-1, : s // 2]  # top half: classes swapped around
+    worse = score_dense("segmentation", {"logits": flipped}, ref)
+    assert worse["miou_vs_fp32"] < 0.9 and worse["miou_labels"] < same["miou_labels"]
