@@ -11,13 +11,15 @@ vitexport ships, each a module with its default recipe beside it:
 - ``cpu`` (:mod:`.cpu`): x86 through ONNX Runtime's integer kernels;
 - ``rk3588`` (:mod:`.rk3588`): Rockchip RK3588's NPU, ``model.rknn`` compiled by rknn-toolkit2 and gated on
   its x86 simulator (:mod:`.rknn_stages`);
+- ``ethos-u85``, ``ethos-u55`` (:mod:`.ethos_u`): Arm Ethos-U, ``model.pte`` by ExecuTorch's Arm backend and
+  Vela, gated on the TOSA reference model;
 - ``openvino`` (:mod:`.openvino`): OpenVINO IR, gated on OpenVINO's CPU plugin (the same IR is what
   Intel's NPU plugin compiles).
 
 TensorRT's parts shared by both orin targets: :mod:`.tensorrt_ops` (parser operator lists),
 :mod:`.tensorrt_rules` (Q/DQ rules), :mod:`.tensorrt_engine` (``build_engine.sh``, the engine stage).
 """
-from . import cpu, npu, openvino, orin, orin_jp5, rk3588  # noqa: F401  - each module registers its target
+from . import cpu, ethos_u, npu, openvino, orin, orin_jp5, rk3588  # noqa: F401  - each module registers its target
 from .base import Target, TargetOptions
 from .registry import (
     DEFAULT_TARGET,
