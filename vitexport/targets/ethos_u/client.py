@@ -12,7 +12,7 @@ and reads back the reply. A crash, a timeout or a toolchain error becomes one :c
 Request (JSON)::
 
     {"program": PT2, "input_names": [str], "accelerator": "ethos-u85-256", "system_config": str | null, "memory_mode": str | null,
-     "per_channel": bool, "calibration": [[npy per input], ...], "inputs": [[npy per input], ...],
+     "per_channel": bool, "activations": "int8" | "int16", "calibration": [[npy per input], ...], "inputs": [[npy per input], ...],
      "work_dir": DIR, "outputs_dir": DIR, "reply": PATH, "pte": PATH}
 
 Reply: ``{"ok", "stage", "stages" {step: seconds}, "mask_fill" [{node, fill}], "system_config",
@@ -83,6 +83,8 @@ class EthosRequest(BaseModel):
     system_config: str | None = None
     memory_mode: str | None = None
     per_channel: bool = True
+    #: ``int8`` or ``int16`` activations (weights int8 either way)
+    activations: str = "int8"
     calibration: list[dict[str, np.ndarray]] = Field(default_factory=list)
     inputs: list[dict[str, np.ndarray]] = Field(default_factory=list)
     #: where the ``.pte`` is written
@@ -134,6 +136,7 @@ def _npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str)
 def _write_request(req: EthosRequest, work: Path) -> Path:
     body = {"program": str(Path(req.program).resolve()), "accelerator": req.accelerator,
             "input_names": list((req.inputs or req.calibration)[0]), "system_config": req.system_config, "memory_mode": req.memory_mode, "per_channel": req.per_channel,
+            "activations": req.activations,
             "calibration": _npy_rows(req.calibration, work / "calibration", "cal"),
             "inputs": _npy_rows(req.inputs, work / "inputs", "x"), "work_dir": str(work / "arm"),
             "outputs_dir": str(work / "outputs"), "reply": str(work / "reply.json"), "pte": str(Path(req.pte).resolve())}
@@ -189,7 +192,7 @@ def run_ethos(req: EthosRequest, work_dir: str | Path, *, timeout_s: float = 360
         BadInput: the toolchain is missing (naming ``make setup-ethos``), crashed, timed out or failed.
     """
     py = require_ethos()
-    work = Path(work_dir)
+    work = Path(work_dir).resolve()  # the worker runs in it: every path it reads must be absolute
     work.mkdir(parents=True, exist_ok=True)
     path = _write_request(req, work)
     log, reply_path = work / "ethos.log", work / "reply.json"

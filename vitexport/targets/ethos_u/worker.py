@@ -126,7 +126,8 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
     """pt2e: the Arm quantizer annotates, vitexport's calibration samples measure, convert writes Q/DQ."""
     import torch
     from executorch.backends.arm.ethosu import EthosUCompileSpec
-    from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.quantizer import (EthosUQuantizer, get_symmetric_a16w8_quantization_config,
+                                                   get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     ep = torch.export.load(req["program"])
@@ -138,7 +139,11 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
                              memory_mode=req.get("memory_mode"))
     spec.dump_intermediate_artifacts_to(req["work_dir"])  # the partitions' TOSA, read by the reference step
     quantizer = EthosUQuantizer(spec)
-    quantizer.set_global(get_symmetric_quantization_config(is_per_channel=req.get("per_channel", True)))
+    # int16 activations with int8 weights (Ethos-U's 16x8 kernels): LayerNorm, softmax and GELU keep their
+    # resolution, at twice the feature-map bytes
+    config = get_symmetric_a16w8_quantization_config if req.get("activations") == "int16" else \
+        get_symmetric_quantization_config
+    quantizer.set_global(config(is_per_channel=req.get("per_channel", True)))
     prepared = prepare_pt2e(gm, quantizer)
     names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
     with torch.no_grad():
