@@ -103,7 +103,7 @@ def npu_report(res: EthosResult, accelerator: str) -> dict:
         "npu_ops": sum(int(float(p.get("passes_before_fusing") or 0)) for p in parts),
         "cpu_compute_ops": [f"{c['op']}:{c['node']}" for c in cpu],
         "cpu_moves": [f"{c['op']}:{c['node']}" for c in res.cpu_ops if c["moves"]],
-        "mask_fill": res.reply.get("mask_fill", []),
+        "mask_fill": res.reply.get("mask_fill", []), "activations": res.reply.get("activations", "int8"),
         "compile_seconds": round(sum(res.stages.get(k, 0.0) for k in ("quantize", "lower", "vela")), 2),
         "reference_ms_per_sample": round(1e3 * (res.reply.get("seconds_per_sample") or 0.0), 2),
     }
@@ -128,7 +128,8 @@ def _notes(r: dict) -> list[str]:
              f"cycles = {r['latency_ms']:.3f} ms per inference at {r['clock_hz'] / 1e6:.0f} MHz; SRAM "
              f"{r['sram_kib']:.1f} KiB, flash {r['flash_kib']:.1f} KiB; {r['partitions']} NPU partition(s), "
              f"{r['npu_ops']} NPU ops, compute ops on the CPU: {', '.join(r['cpu_compute_ops']) or 'none'}",
-             f"quantized by ExecuTorch's EthosUQuantizer on vitexport's calibration samples and compiled in "
+             f"quantized by ExecuTorch's EthosUQuantizer ({r['activations']} activations, int8 weights) on vitexport's "
+             f"calibration samples and compiled in "
              f"{r['compile_seconds']:.1f} s; the TOSA reference model ran {r['reference_ms_per_sample']:.1f} ms per sample"]
     if r["mask_fill"]:
         lines.append(f"attention masks' minus infinity calibrated to the logits' range before quantization "

@@ -144,6 +144,7 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
     config = get_symmetric_a16w8_quantization_config if req.get("activations") == "int16" else \
         get_symmetric_quantization_config
     quantizer.set_global(config(is_per_channel=req.get("per_channel", True)))
+    reply["activations"] = req.get("activations", "int8")
     prepared = prepare_pt2e(gm, quantizer)
     names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
     with torch.no_grad():
