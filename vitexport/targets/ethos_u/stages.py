@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from ...calibration.feeds import FeedSet
-from ...errors import ParityFailure
+from ...errors import BadInput, ParityFailure
 from ...io import atomic_path
 from ...parity.share import SHARE_KEY, FloatLayer, Int8Share
 from ...recipe import Recipe, StageName
@@ -181,12 +181,15 @@ class CompileEthosUStage:
                                memory_mode=o.memory_mode, per_channel=o.per_channel, activations=o.activations,
                                calibration=calib,
                                inputs=ctx.reference.feeds, pte=work / PTE)
+            log = work / "worker" / ETHOS_LOG
             try:
                 res = run_ethos(req, work / "worker", timeout_s=o.timeout_s, on_step=ctx.say)
-            finally:
-                log = work / "worker" / "ethos.log"
+            except BadInput as err:  # the log outlives the run's folder, which a failed run removes
+                kept = Path(tempfile.gettempdir()) / f"vitexport-{ctx.out_dir.name}-{ETHOS_LOG}"
                 if log.is_file():
-                    shutil.copyfile(log, ctx.out_dir / ETHOS_LOG)
+                    shutil.copyfile(log, kept)
+                raise BadInput(str(err).replace(str(log), str(kept))) from None
+            shutil.copyfile(log, ctx.out_dir / ETHOS_LOG)
             files = self._keep(ctx, work, res)
         report = npu_report(res, t.accelerator)
         _check_fits(report, o)
@@ -232,8 +235,6 @@ class ReferenceEthosUStage:
         return content_key(ctx.key, "tosa-reference")
 
     def run(self, ctx: RunContext) -> StageOutput:
-        from ...errors import BadInput
-
         if REFERENCE_OUTPUTS not in ctx.files:
             raise BadInput(f"no {REFERENCE_OUTPUTS}: the simulate stage needs build_engine (stages.build_engine.enabled)")
         judged = {n: ctx.files[n] for n in (PTE, REFERENCE_OUTPUTS) if n in ctx.files}
