@@ -19,7 +19,7 @@ export_args = --target $(TARGET) \
   $(if $(OUT),--out $(OUT)) $(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
   $(foreach s,$(SET),--set $(s))
 
-.PHONY: setup setup-rknn export test test-fast test-zoo parity demo-model bench bench-quick bench-peers bench-real bench-legacy bench-npu clean
+.PHONY: setup setup-rknn setup-ethos export test test-fast test-zoo parity demo-model bench bench-quick bench-peers bench-real bench-legacy bench-npu clean
 
 setup:  ## create .venv and install vitexport with its dev tools, then .venv-rknn (package registries only)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,7 @@ setup:  ## create .venv and install vitexport with its dev tools, then .venv-rkn
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/vitexport targets
 	@$(MAKE) --no-print-directory setup-rknn || echo "rknn-toolkit2's venv was not made (see above): the rk3588 target exits 2 naming make setup-rknn and its tests skip saying why"
+	@$(MAKE) --no-print-directory setup-ethos || echo "the Ethos-U venv was not made (see above): the ethos-u targets exit 2 naming make setup-ethos and their tests skip saying why"
 
 RKNN_VENV    := .venv-rknn
 RKNN_TOOLKIT := rknn-toolkit2==2.5.0
@@ -54,6 +55,26 @@ $(RKNN_STAMP): vitexport/targets/rknn/requirements.txt scripts/share_torch.py
 	touch $@
 
 setup-rknn: $(RKNN_STAMP)  ## the rknn-toolkit2 venv (.venv-rknn, 626 MB; torch borrowed from .venv) for the rk3588 target
+
+# ExecuTorch's Arm backend, Vela and the TOSA reference model (vitexport/targets/ethos_u/requirements*.txt):
+# tosa-tools pins numpy<2.2, so they live in a venv of their own that only vitexport/targets/ethos_u/worker.py
+# runs in; torch is linked in from .venv as for .venv-rknn (the stamp names the torch pin and the toolchain).
+ETHOS_VENV  := .venv-ethos
+ETHOS_REQS  := vitexport/targets/ethos_u/requirements.txt
+ETHOS_STAMP := $(ETHOS_VENV)/.installed-$(subst ==,-,$(TORCH_PIN))-$(shell sed -n 's/^executorch==//p' $(ETHOS_REQS))
+ETHOS_PIP   := $(ETHOS_VENV)/bin/python -m pip install --quiet --no-cache-dir
+$(ETHOS_STAMP): $(ETHOS_REQS) vitexport/targets/ethos_u/requirements-deps.txt scripts/share_torch.py
+	@test -x $(BIN)/python || { echo "make setup-ethos borrows torch from $(VENV): run make setup first"; exit 2; }
+	rm -rf $(ETHOS_VENV)
+	$(PYTHON) -m venv $(ETHOS_VENV)
+	$(ETHOS_PIP) --upgrade pip
+	$(ETHOS_PIP) -r vitexport/targets/ethos_u/requirements-deps.txt
+	$(ETHOS_PIP) --no-deps -r $(ETHOS_REQS)
+	$(BIN)/python scripts/share_torch.py $(ETHOS_VENV)
+	$(ETHOS_VENV)/bin/python -I -c "import torch, ethosu.vela, tosa_reference_model, executorch.backends.arm.ethosu"
+	touch $@
+
+setup-ethos: $(ETHOS_STAMP)  ## the Ethos-U venv (.venv-ethos: ExecuTorch's Arm backend, Vela, TOSA reference model; torch borrowed from .venv)
 
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)

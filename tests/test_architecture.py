@@ -199,7 +199,7 @@ VENDOR_WORDS = {
 #: the modules that build a run's target from a name; everything else is handed one (or a protocol of it)
 TARGET_IMPORTERS = {"vitexport.api", "vitexport.cli"}
 #: backend folders the package ships at least
-MIN_BACKENDS = 3
+MIN_BACKENDS = 4
 
 
 def _code_words(tree: ast.Module) -> list[tuple[int, str]]:

@@ -55,7 +55,9 @@ def _bert(tmp_path) -> tuple[LoadedModel, NpzSamples, NpzSamples]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", list(registered_targets()))
+# the ethos-u targets write no ONNX beyond the three every target writes (their artifact is model.pte),
+# and ExecuTorch's lowering of a ViT-S takes tens of minutes on 2 cores
+@pytest.mark.parametrize("target", [n for n in registered_targets() if not n.startswith("ethos-u")])
 @pytest.mark.parametrize("kind", ["vit_s", "bert"])
 def test_every_file_every_target_writes_is_clean(kind, target, tmp_path):
     model, calib, parity = _vit_s() if kind == "vit_s" else _bert(tmp_path)

@@ -13,12 +13,14 @@ vitexport ships, each a module with its default recipe beside it:
   runner and calibration cache;
 - :mod:`.rknn`: ``rk3588`` (Rockchip RK3588's NPU, ``model.rknn`` compiled by rknn-toolkit2 in its worker
   and gated on its x86 simulator), with the worker's client, RKNN's graph forms, INT8 layout and routes;
+- :mod:`.ethos_u`: ``ethos-u85``, ``ethos-u55`` (Arm Ethos-U, ``model.pte`` by ExecuTorch's Arm backend and
+  Vela in their worker, gated on the TOSA reference model);
 - :mod:`.openvino`: ``openvino`` (OpenVINO IR, gated on OpenVINO's CPU plugin; the same IR is what
   Intel's NPU plugin compiles), with its runner.
 
 A vendor's name appears in code only inside its folder here (``tests/test_architecture.py``).
 """
-from . import cpu, npu, openvino, rknn, tensorrt  # noqa: F401  - each module registers its target(s)
+from . import cpu, ethos_u, npu, openvino, rknn, tensorrt  # noqa: F401  - each module registers its target(s)
 from ._base import Target, TargetOptions
 from ._registry import (
     DEFAULT_TARGET,

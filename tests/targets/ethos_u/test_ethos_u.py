@@ -1,0 +1,90 @@
+"""The ethos-u targets: the worker in ``.venv-ethos`` (``make setup-ethos``) quantizes a tiny model with
+ExecuTorch's Arm backend, compiles it with Vela and runs it on the TOSA reference model; the stage's
+report, NPU-share and memory gates read its reply. The worker's tests skip, saying why, where the venv
+is missing; the rest run everywhere."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitexport.errors import BadInput, ParityFailure
+from vitexport.targets import load_recipe, target_class
+from vitexport.targets.ethos_u.client import ETHOS_VENV_ENV, EthosRequest, ethos_missing, require_ethos, run_ethos
+from vitexport.targets.ethos_u.stages import EthosUOptions, _check_fits, npu_report, npu_share
+
+
+class MaskedHead(torch.nn.Module):
+    """Two Linears and a softmax over 8 classes, the last 2 masked by an additive -1e9 (as the demo's
+    attention pads its keys): the worker must calibrate the mask, not quantize it as data."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+        self.register_buffer("mask", torch.tensor([0.0] * 6 + [-1e9] * 2))
+
+    def forward(self, x):
+        return (self.b(torch.relu(self.a(x))) + self.mask).softmax(-1)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    missing = ethos_missing()
+    if missing:
+        pytest.skip(missing)
+    torch.manual_seed(0)
+    model, x = MaskedHead().eval(), torch.randn(8, 1, 16)
+    work = tmp_path_factory.mktemp("ethos")
+    torch.export.save(torch.export.export(model, (), kwargs={"x": x[:1]}), work / "m.pt2")
+    feeds = [{"x": x[i:i + 1].numpy()} for i in range(len(x))]
+    req = EthosRequest(program=work / "m.pt2", accelerator="ethos-u85-256", calibration=feeds, inputs=feeds,
+                       pte=work / "m.pte")
+    with torch.no_grad():
+        golden = model(x).numpy()
+    return run_ethos(req, work / "worker", timeout_s=900), golden, work
+
+
+@pytest.mark.slow
+def test_the_worker_compiles_for_the_npu_and_the_reference_model_matches(compiled):
+    res, golden, work = compiled
+    assert (work / "m.pte").stat().st_size > 0
+    report = npu_report(res, "ethos-u85-256")
+    # one NPU partition, Vela's figures read from its summary, nothing but Q/DQ on the CPU
+    assert report["partitions"] == 1 and report["npu_cycles"] > 0 and report["latency_ms"] > 0
+    # Vela's count (784) holds the two Linears' 768 and its own per-channel extras
+    assert report["npu_macs"] >= 16 * 32 + 32 * 8 and report["cpu_macs"] == 0 and not report["cpu_compute_ops"]
+    assert report["system_config"] == "Ethos_U85_SYS_DRAM_Mid" and report["flash_kib"] > 0
+    # the -1e9 became the calibrated logits' floor minus a margin, so the int8 range keeps the real logits
+    assert len(report["mask_fill"]) == 1 and -100 < report["mask_fill"][0]["fill"] < 0
+    ref = res.outputs[0].reshape(golden.shape)
+    cos = (ref * golden).sum(-1) / np.linalg.norm(ref, axis=-1) / np.linalg.norm(golden, axis=-1)
+    assert cos.min() > 0.99 and np.abs(ref - golden).max() < 0.05
+    assert np.all(ref[..., 6:] < 1e-3)  # the masked classes stay masked
+    share = npu_share(res, report, [])
+    assert share.share == 1.0 and share.cpu_compute == [] and share.cpu_moves  # the input's quantize is a move
+
+
+@pytest.mark.slow
+def test_a_program_over_the_memory_configuration_fails_the_gate(compiled):
+    res, _, _ = compiled
+    report = npu_report(res, "ethos-u85-256")
+    _check_fits(report, EthosUOptions())  # the defaults hold a tiny model
+    with pytest.raises(ParityFailure) as err:
+        _check_fits(report, EthosUOptions(flash_kib=report["flash_kib"] / 2))
+    assert err.value.exit_code == 1 and "flash" in str(err.value) and "target_options.flash_kib" in str(err.value)
+
+
+def test_a_missing_venv_names_make_setup_ethos(tmp_path, monkeypatch):
+    monkeypatch.setenv(ETHOS_VENV_ENV, str(tmp_path / "nowhere"))
+    assert "make setup-ethos" in ethos_missing()
+    with pytest.raises(BadInput, match="make setup-ethos"):
+        require_ethos()
+
+
+@pytest.mark.parametrize("name,accelerator", [("ethos-u85", "ethos-u85-256"), ("ethos-u55", "ethos-u55-128")])
+def test_the_targets_gate_the_npu_share_on_their_compile(name, accelerator):
+    t = target_class(name)(load_recipe(name))
+    assert t.accelerator == accelerator
+    tol = t.recipe.tolerance("build_engine")
+    assert tol.int8_share_min == 0.95 and tol.cpu_compute_ops_max == 0
+    assert [s.name for s in t.contribution().stages] == ["build_engine", "simulate"]

@@ -1,0 +1,211 @@
+"""The client of the Ethos-U worker: one call quantizes a torch program for Arm Ethos-U with ExecuTorch's
+Arm backend, compiles it with Vela, runs the INT8 program on the TOSA reference model and says what the
+NPU runs.
+
+ExecuTorch 1.5.1, ethos-u-vela 5.2.0 and tosa-tools live in ``.venv-ethos`` (``make setup-ethos``; torch is
+the project's own pin, linked in by ``scripts/share_torch.py``), so none of them is imported here.
+:func:`run_ethos` saves the program (``torch.export``) and the samples as ``.npy`` files, launches
+``worker.py`` with that venv's interpreter under a timeout, sends the toolchain's output to a log file,
+and reads back the reply. A crash, a timeout or a toolchain error becomes one :class:`BadInput` line
+(exit 2) naming the step and the toolchain's own last error line.
+
+Request (JSON)::
+
+    {"program": PT2, "input_names": [str], "accelerator": "ethos-u85-256", "system_config": str | null, "memory_mode": str | null,
+     "per_channel": bool, "activations": "int8" | "int16", "calibration": [[npy per input], ...], "inputs": [[npy per input], ...],
+     "work_dir": DIR, "outputs_dir": DIR, "reply": PATH, "pte": PATH}
+
+Reply: ``{"ok", "stage", "stages" {step: seconds}, "mask_fill" [{node, fill}], "system_config",
+"memory_mode", "partitions" [Vela's summary CSV row per partition], "cpu_ops" [{node, op, macs, moves}],
+"delegates", "outputs" [output_j.npy, samples stacked: the reference model's], "quantized_outputs" [the
+quantized program's in torch, likewise], "seconds_per_sample", "error"}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...errors import BadInput, one_line
+
+__all__ = ["EthosRequest", "EthosResult", "run_ethos", "ethos_python", "ethos_missing", "require_ethos", "WORKER",
+           "SETUP_HINT", "ETHOS_VENV_ENV"]
+
+WORKER = Path(__file__).with_name("worker.py")
+#: where ``make setup-ethos`` puts the venv: the repository root (this package is installed editable)
+_DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-ethos"
+ETHOS_VENV_ENV = "VITEXPORT_ETHOS_VENV"
+SETUP_HINT = "run `make setup-ethos` (creates .venv-ethos with executorch 1.5.1, ethos-u-vela 5.2.0, tosa-tools)"
+
+
+def ethos_python() -> Path:
+    """The interpreter of the Ethos-U venv (``$VITEXPORT_ETHOS_VENV`` or ``<repo>/.venv-ethos``)."""
+    return Path(os.environ.get(ETHOS_VENV_ENV) or _DEFAULT_VENV) / "bin" / "python"
+
+
+def ethos_missing() -> str | None:
+    """Why the toolchain cannot run here, or None when it can (one import of each tool, a few seconds)."""
+    py = ethos_python()
+    if not py.is_file():
+        return f"the Ethos-U toolchain is not installed ({py.parent.parent} does not exist): {SETUP_HINT}"
+    res = subprocess.run([str(py), "-I", "-c", "import ethosu.vela, tosa_reference_model, executorch.exir"],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["?"])[-1]
+        return f"the Ethos-U toolchain does not import in {py.parent.parent} ({one_line(last, 160)}): {SETUP_HINT}"
+    return None
+
+
+def require_ethos() -> Path:
+    """The Ethos-U interpreter. Raises BadInput naming ``make setup-ethos`` when it is missing."""
+    py = ethos_python()
+    if not py.is_file():
+        raise BadInput(f"the ethos-u targets need ExecuTorch's Arm backend and Vela, which are not installed: {SETUP_HINT}")
+    return py
+
+
+class EthosRequest(BaseModel):
+    """One quantize-compile-reference request (see the module docstring for the JSON the worker reads)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    #: a ``torch.export`` program (``.pt2``) of the model as vitexport's passes left it
+    program: Path
+    #: Vela's ``--accelerator-config`` (``ethos-u85-256``, ``ethos-u55-128``)
+    accelerator: str
+    system_config: str | None = None
+    memory_mode: str | None = None
+    per_channel: bool = True
+    #: ``int8`` or ``int16`` activations (weights int8 either way)
+    activations: str = "int8"
+    calibration: list[dict[str, np.ndarray]] = Field(default_factory=list)
+    inputs: list[dict[str, np.ndarray]] = Field(default_factory=list)
+    #: where the ``.pte`` is written
+    pte: Path
+
+
+class EthosResult(BaseModel):
+    """What the worker did: timings, the reference outputs, Vela's summaries, the CPU ops."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    reply: dict[str, Any]
+    #: the INT8 program on the parity inputs, partitions on the TOSA reference model (samples stacked)
+    outputs: list[np.ndarray]
+    #: the quantized program in torch (Q/DQ as float ops) on the same inputs
+    quantized: list[np.ndarray]
+    log: Path
+    wall_s: float
+
+    @property
+    def stages(self) -> dict[str, float]:
+        return self.reply.get("stages", {})
+
+    @property
+    def partitions(self) -> list[dict[str, str]]:
+        """Vela's summary CSV row of each NPU partition (cycles, inference_time, sram / flash KiB, nn_macs)."""
+        return self.reply.get("partitions", [])
+
+    @property
+    def cpu_ops(self) -> list[dict[str, Any]]:
+        """The ops left outside every NPU partition: ``{node, op, macs, moves}``."""
+        return self.reply.get("cpu_ops", [])
+
+
+def _npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) -> list[list[str]]:
+    """One ``.npy`` per input and sample (the order of each feed: the model's input order)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, feed in enumerate(feeds):
+        row = []
+        for j, arr in enumerate(feed.values()):
+            path = folder / f"{tag}{i}_{j}.npy"
+            np.save(path, np.ascontiguousarray(arr))
+            row.append(str(path))
+        rows.append(row)
+    return rows
+
+
+def _write_request(req: EthosRequest, work: Path) -> Path:
+    body = {"program": str(Path(req.program).resolve()), "accelerator": req.accelerator,
+            "input_names": list((req.inputs or req.calibration)[0]), "system_config": req.system_config, "memory_mode": req.memory_mode, "per_channel": req.per_channel,
+            "activations": req.activations,
+            "calibration": _npy_rows(req.calibration, work / "calibration", "cal"),
+            "inputs": _npy_rows(req.inputs, work / "inputs", "x"), "work_dir": str(work / "arm"),
+            "outputs_dir": str(work / "outputs"), "reply": str(work / "reply.json"), "pte": str(Path(req.pte).resolve())}
+    path = work / "request.json"
+    path.write_text(json.dumps(body, indent=1))
+    return path
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None]) -> int | None:
+    """The worker's exit code (None: killed after ``timeout_s``); each step it starts is told to ``on_step``."""
+    deadline, said = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+        try:
+            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
+        except (OSError, ValueError):
+            continue
+        if step and step != said:
+            on_step(f"ethos-u: {step}")
+            said = step
+
+
+def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float) -> BadInput:
+    """One line: which step stopped, the toolchain's own words, the log."""
+    step = reply.get("stage") or "startup"
+    if rc is None:
+        what = f"did not finish within {timeout_s:.0f} s"
+    elif rc < 0:
+        what = f"crashed ({signal.Signals(-rc).name})"
+    else:
+        what = f"failed: {one_line(reply.get('error') or f'exit {rc}', 240)}"
+    return BadInput(f"the Ethos-U toolchain (ExecuTorch Arm backend / Vela) {what} in step {step} (log: {log})")
+
+
+def run_ethos(req: EthosRequest, work_dir: str | Path, *, timeout_s: float = 3600.0,
+              on_step: Callable[[str], None] = lambda doing: None) -> EthosResult:
+    """Quantize, compile and run ``req.program`` on the reference model in the Ethos-U worker.
+
+    Args:
+        req: the request (program, accelerator, system configuration, samples).
+        work_dir: a folder for the request, the ``.npy`` files, the partitions' TOSA, Vela's output, the log.
+        timeout_s: the worker is killed after this many seconds.
+        on_step: told each step the worker starts (``"ethos-u: lower"``): a stage's heartbeat.
+    Returns:
+        :class:`EthosResult` (reference outputs stacked over the samples, Vela's summaries, the CPU ops).
+    Raises:
+        BadInput: the toolchain is missing (naming ``make setup-ethos``), crashed, timed out or failed.
+    """
+    py = require_ethos()
+    work = Path(work_dir).resolve()  # the worker runs in it: every path it reads must be absolute
+    work.mkdir(parents=True, exist_ok=True)
+    path = _write_request(req, work)
+    log, reply_path = work / "ethos.log", work / "reply.json"
+    reply_path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([str(py), "-I", str(WORKER), str(path)], stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
+        rc = _wait(proc, timeout_s, reply_path, on_step)
+    wall = time.perf_counter() - t0
+    reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
+    if rc != 0 or not reply.get("ok"):
+        raise _failure(reply, rc, log, timeout_s)
+    outputs = [np.load(p) for p in reply.get("outputs", [])]
+    quantized = [np.load(p) for p in reply.get("quantized_outputs", [])]
+    return EthosResult(reply=reply, outputs=outputs, quantized=quantized, log=log, wall_s=wall)

@@ -1,0 +1,252 @@
+"""What the ethos-u targets add to a run: ``build_engine`` quantizes the torch program vitexport's passes
+left with ExecuTorch's Arm backend and compiles it with Vela (``model.pte``), ``simulate`` gates the INT8
+program run on the TOSA reference model.
+
+One worker call (:mod:`.client`) does both, in ``.venv-ethos``; the two stages split its results so the
+pipeline loop gates each on its own:
+
+- ``build_engine``: the quantized program in torch (Q/DQ as float ops: what ExecuTorch's quantizer wrote
+  from vitexport's calibration samples) is gated; ``model.pte`` (Vela's command stream inside), each
+  partition's TOSA and Vela's summary are kept; the NPU share of the work (multiply-accumulates Vela
+  compiled vs those of ops left on the CPU) is gated like every target's INT8 share, and a program that
+  does not fit the memory the target names (SRAM, flash) fails (exit 1) naming what it needs.
+- ``simulate``: the INT8 program on the parity inputs, every NPU partition computed by the TOSA reference
+  model (tosa-tools; the arithmetic Vela compiles, bit for bit) and the CPU ops by ExecuTorch's, recorded
+  by that call, gated against the golden reference.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol
+
+import numpy as np
+from pydantic import Field
+
+from ...calibration.feeds import FeedSet
+from ...errors import BadInput, ParityFailure
+from ...io import atomic_path
+from ...parity.share import SHARE_KEY, FloatLayer, Int8Share
+from ...recipe import Recipe, TargetStage
+from ...runners import RecordedRunner, record_outputs
+from ...stages.base import Contribution, RunContext, StageOutput, content_key, module_hash
+from .._base import TargetOptions
+from .client import EthosRequest, EthosResult, require_ethos, run_ethos
+
+__all__ = ["BUILD_ENGINE", "SIMULATE", "CompileEthosUStage", "ReferenceEthosUStage", "EthosUOptions", "ETHOS_U", "PTE", "TOSA", "QUANTIZED_OUTPUTS",
+           "REFERENCE_OUTPUTS", "ETHOS_LOG", "npu_report", "npu_share"]
+
+PTE, TOSA, ETHOS_LOG = "model.pte", "model.tosa", "ethos.log"
+QUANTIZED_OUTPUTS, REFERENCE_OUTPUTS = "ethos_quantized.npz", "tosa_reference.npz"
+#: the worker's steps that run the reference model, timed for the simulate stage
+REFERENCE_STEPS = ("reference",)
+BUILD_ENGINE = TargetStage("build_engine")
+SIMULATE = TargetStage("simulate")
+
+
+class EthosUOptions(TargetOptions):
+    """``target_options`` of the ethos-u targets."""
+
+    system_config: str | None = Field(
+        default=None, description="Vela's --system-config (None: ExecuTorch's default for the accelerator)")
+    memory_mode: str | None = Field(default=None, description="Vela's --memory-mode (None: ExecuTorch's default)")
+    sram_kib: float = Field(default=2048.0, gt=0, description="the SRAM the program may use (KiB): more is exit 1")
+    flash_kib: float = Field(default=8192.0, gt=0, description="the flash its weights may use (KiB): more is exit 1")
+    calibration_samples: int = Field(default=32, ge=1, description="calibration samples ExecuTorch's quantizer measures")
+    per_channel: bool = Field(default=True, description="per-channel int8 weights (ExecuTorch's symmetric config)")
+    activations: Literal["int8", "int16"] = Field(
+        default="int8", description="activation precision: int8, or int16 with int8 weights (Ethos-U's 16x8 kernels). "
+                                    "On the demo int16 lifts ExecuTorch's quantized program to cosine 0.998 (int8: "
+                                    "0.36), but the TOSA that ExecuTorch 1.5.1 lowers it to computes another function "
+                                    "(reference-model cosine 0.19 mean), which the simulate gate rejects")
+    timeout_s: float = Field(default=3600.0, gt=0, description="the Ethos-U worker is stopped after this long")
+
+
+class EthosTarget(Protocol):
+    """What the Ethos-U stages read of their target; a protocol rather than the class, so that this
+    module, which the target module imports, never imports it."""
+
+    @property
+    def accelerator(self) -> str: ...
+
+    @property
+    def toolkit(self) -> str: ...
+
+    @property
+    def options(self) -> EthosUOptions: ...
+
+    @property
+    def int8_share_hints(self) -> tuple[str, ...]: ...
+
+
+def _kib(row: dict, key: str) -> float:
+    return float(row.get(key) or 0.0)
+
+
+def npu_report(res: EthosResult, accelerator: str) -> dict:
+    """What Vela says of each NPU partition, summed: cycles, estimated latency, SRAM and flash, and the
+    ops left on the CPU."""
+    parts = res.partitions
+    first = parts[0] if parts else {}
+    cpu = [c for c in res.cpu_ops if not c["moves"]]
+    return {
+        "accelerator": accelerator, "system_config": res.reply.get("system_config"),
+        "memory_mode": res.reply.get("memory_mode"), "partitions": len(parts),
+        "npu_macs": sum(int(float(p.get("nn_macs") or 0)) for p in parts),
+        "cpu_macs": sum(int(c["macs"]) for c in res.cpu_ops),
+        "npu_cycles": sum(int(float(p.get("cycles_total") or 0)) for p in parts),
+        "clock_hz": float(first.get("core_clock") or 0.0),
+        "latency_ms": round(1e3 * sum(float(p.get("inference_time") or 0.0) for p in parts), 4),
+        "sram_kib": round(max((_kib(p, "sram_memory_used") for p in parts), default=0.0), 2),
+        "dram_kib": round(max((_kib(p, "dram_memory_used") for p in parts), default=0.0), 2),
+        "flash_kib": round(sum(_kib(p, "on_chip_flash_memory_used") + _kib(p, "off_chip_flash_memory_used")
+                               for p in parts), 2),
+        "npu_ops": sum(int(float(p.get("passes_before_fusing") or 0)) for p in parts),
+        "cpu_compute_ops": [f"{c['op']}:{c['node']}" for c in cpu],
+        "cpu_moves": [f"{c['op']}:{c['node']}" for c in res.cpu_ops if c["moves"]],
+        "mask_fill": res.reply.get("mask_fill", []), "activations": res.reply.get("activations", "int8"),
+        "compile_seconds": round(sum(res.stages.get(k, 0.0) for k in ("quantize", "lower", "vela")), 2),
+        "reference_ms_per_sample": round(1e3 * (res.reply.get("seconds_per_sample") or 0.0), 2),
+    }
+
+
+def npu_share(res: EthosResult, report: dict, hints: list[str]) -> Int8Share:
+    """The share of multiply-accumulates on the NPU (all of which Ethos-U runs in INT8), the compute ops
+    left on the CPU, and the data movement there."""
+    total = report["npu_macs"] + report["cpu_macs"]
+    floats = [FloatLayer(c["node"], c["op"], int(c["macs"]), "on the CPU", "outside every NPU partition")
+              for c in res.cpu_ops if c["macs"]]
+    compute = [FloatLayer(c["node"], c["op"], int(c["macs"]), "on the CPU",
+                          "ExecuTorch's Ethos-U partitioner left it out of the NPU partitions")
+               for c in res.cpu_ops if not c["moves"]]
+    moves = [f"{c['op']}:{c['node']}" for c in res.cpu_ops if c["moves"]]
+    share = report["npu_macs"] / total if total else 1.0
+    return Int8Share(share, f"Vela's partitions on {report['accelerator']}", total, floats, compute, moves, hints)
+
+
+def _notes(r: dict) -> list[str]:
+    lines = [f"{r['accelerator']} ({r['system_config']}, {r['memory_mode']}): Vela estimates {r['npu_cycles']:,} NPU "
+             f"cycles = {r['latency_ms']:.3f} ms per inference at {r['clock_hz'] / 1e6:.0f} MHz; SRAM "
+             f"{r['sram_kib']:.1f} KiB, flash {r['flash_kib']:.1f} KiB; {r['partitions']} NPU partition(s), "
+             f"{r['npu_ops']} NPU ops, compute ops on the CPU: {', '.join(r['cpu_compute_ops']) or 'none'}",
+             f"quantized by ExecuTorch's EthosUQuantizer ({r['activations']} activations, int8 weights) on vitexport's "
+             f"calibration samples and compiled in "
+             f"{r['compile_seconds']:.1f} s; the TOSA reference model ran {r['reference_ms_per_sample']:.1f} ms per sample"]
+    if r["mask_fill"]:
+        lines.append(f"attention masks' minus infinity calibrated to the logits' range before quantization "
+                     f"({', '.join(str(m['node']) + ': ' + str(m['fill']) for m in r['mask_fill'])}): a -1e9 in the softmax "
+                     "input's int8 range would leave no step for the real logits")
+    return lines
+
+
+def _check_fits(r: dict, o: EthosUOptions) -> None:
+    """Exit 1 (a failed gate) when the program needs more SRAM or flash than the target has."""
+    for what, used, limit, key in (("SRAM", r["sram_kib"], o.sram_kib, "sram_kib"),
+                                   ("flash", r["flash_kib"], o.flash_kib, "flash_kib")):
+        if used > limit:
+            raise ParityFailure(BUILD_ENGINE.name, f"{what.lower()}_kib", used, limit, "<=",
+                                f"Vela places {used:.1f} KiB in {what}, the memory configuration has {limit:.0f} KiB "
+                                f"(target_options.{key}; a smaller model, or target_options.memory_mode)")
+
+
+class CompileEthosUStage:
+    """The torch program vitexport's passes left → ``model.pte`` (ExecuTorch's Arm backend, Vela), the
+    reference model's outputs on the parity inputs recorded by the same call; gated on the quantized
+    program in torch."""
+
+    name: ClassVar[str] = BUILD_ENGINE.name
+    #: ExecuTorch's quantizer reads the torch program, not the ONNX file
+    needs_torch: ClassVar[bool] = True
+
+    def enabled(self, recipe: Recipe) -> bool:
+        return recipe.stages.quantize_int8.enabled and recipe.stages.build_engine.enabled
+
+    def key(self, ctx: RunContext) -> str:
+        t: EthosTarget = ctx.target  # type: ignore[assignment]
+        return content_key(ctx.key, module_hash(ctx.module, ctx.model.example_inputs), ctx.calib.fingerprint(),
+                           t.accelerator, t.options.model_dump(mode="json"), t.toolkit)
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        import torch
+
+        t: EthosTarget = ctx.target  # type: ignore[assignment]
+        require_ethos()  # before any work: a missing toolchain names `make setup-ethos`
+        o = t.options
+        batch = next(iter(ctx.reference.feeds[0].values())).shape[0]
+        calib = list(FeedSet(ctx.calib.head(o.calibration_samples * batch), batch=batch))
+        with tempfile.TemporaryDirectory(prefix=".ethos-", dir=ctx.out_dir) as tmp:
+            work = Path(tmp)
+            program = work / "model.pt2"
+            torch.export.save(torch.export.export(ctx.module, (), kwargs=dict(ctx.model.example_inputs)), program)
+            req = EthosRequest(program=program, accelerator=t.accelerator, system_config=o.system_config,
+                               memory_mode=o.memory_mode, per_channel=o.per_channel, activations=o.activations,
+                               calibration=calib,
+                               inputs=ctx.reference.feeds, pte=work / PTE)
+            log = work / "worker" / ETHOS_LOG
+            try:
+                res = run_ethos(req, work / "worker", timeout_s=o.timeout_s, on_step=ctx.say)
+            except BadInput as err:  # the log outlives the run's folder, which a failed run removes
+                kept = Path(tempfile.gettempdir()) / f"vitexport-{ctx.out_dir.name}-{ETHOS_LOG}"
+                if log.is_file():
+                    shutil.copyfile(log, kept)
+                raise BadInput(str(err).replace(str(log), str(kept))) from None
+            shutil.copyfile(log, ctx.out_dir / ETHOS_LOG)
+            files = self._keep(ctx, work, res)
+        report = npu_report(res, t.accelerator)
+        _check_fits(report, o)
+        share = npu_share(res, report, list(t.int8_share_hints))
+        return StageOutput(files=files, notes=_notes(report), details={"runtime": report, SHARE_KEY: share.to_dict()},
+                           later_work_s={SIMULATE.name: sum(res.stages.get(k, 0.0) for k in REFERENCE_STEPS)})
+
+    @staticmethod
+    def _keep(ctx: RunContext, work: Path, res: EthosResult) -> dict[str, Path]:
+        """``model.pte``, the first partition's TOSA, both recorded outputs and the log, in the output folder."""
+        files = {}
+        tosa = [Path(p["tosa"]) for p in res.partitions]
+        for name, src in ((PTE, work / PTE), *(((TOSA, tosa[0]),) if tosa else ())):
+            with atomic_path(ctx.out_dir / name) as dst:
+                shutil.move(src, dst)
+            files[name] = ctx.out_dir / name
+        feeds = ctx.reference.feeds
+        names = list(ctx.reference.outputs)
+        for name, outs in ((QUANTIZED_OUTPUTS, res.quantized), (REFERENCE_OUTPUTS, res.outputs)):
+            per_feed = [np.split(o.reshape(-1, *ctx.reference.outputs[n].shape[1:]), len(feeds))
+                        for n, o in zip(names, outs)]
+            rows = [{n: per_feed[j][i] for j, n in enumerate(names)} for i in range(len(feeds))]
+            files[name] = record_outputs(ctx.out_dir / name, feeds, rows, name.removesuffix(".npz"))
+        files[ETHOS_LOG] = ctx.out_dir / ETHOS_LOG
+        return files
+
+    def runner(self, ctx: RunContext, out: StageOutput) -> RecordedRunner:
+        return RecordedRunner(out.files[QUANTIZED_OUTPUTS], name=self.name)
+
+
+class ReferenceEthosUStage:
+    """The INT8 program on the TOSA reference model (recorded by :class:`CompileEthosUStage`'s worker call),
+    gated against the golden reference."""
+
+    name: ClassVar[str] = SIMULATE.name
+    needs_torch: ClassVar[bool] = False
+
+    def enabled(self, recipe: Recipe) -> bool:
+        s = recipe.stages
+        return s.quantize_int8.enabled and s.build_engine.enabled and s.simulate.enabled
+
+    def key(self, ctx: RunContext) -> str:
+        return content_key(ctx.key, "tosa-reference")
+
+    def run(self, ctx: RunContext) -> StageOutput:
+        if REFERENCE_OUTPUTS not in ctx.files:
+            raise BadInput(f"no {REFERENCE_OUTPUTS}: the simulate stage needs build_engine (stages.build_engine.enabled)")
+        judged = {n: ctx.files[n] for n in (PTE, REFERENCE_OUTPUTS) if n in ctx.files}
+        return StageOutput(files=judged, notes=["the INT8 program on the TOSA reference model (tosa-tools: every NPU "
+                                                "partition as Vela compiles it, CPU ops by ExecuTorch's), outputs "
+                                                "computed in the build's worker call on these parity inputs"])
+
+    def runner(self, ctx: RunContext, out: StageOutput) -> RecordedRunner:
+        return RecordedRunner(ctx.files[REFERENCE_OUTPUTS], name=self.name)
+
+
+#: what the ethos-u targets add to a run
+ETHOS_U = Contribution(stages=(CompileEthosUStage(), ReferenceEthosUStage()))

@@ -1,0 +1,322 @@
+"""The Ethos-U worker: run by ``.venv-ethos``'s interpreter (``make setup-ethos``), never imported by vitexport.
+
+ExecuTorch's Arm backend, Vela and the TOSA reference model pin numpy<2.2, flatbuffers 25.2 and an
+ExecuTorch build, so they live in a venv of their own and run here, in a process of their own, with
+files in and files out::
+
+    python -I vitexport/targets/ethos_u/worker.py REQUEST.json
+
+One request quantizes the torch program vitexport's passes left (``torch.export``-ed by the client to a
+``.pt2``; torch is the project's own pin, shared into the venv) with ExecuTorch's ``EthosUQuantizer`` on
+vitexport's calibration samples, lowers it with ``EthosUPartitioner`` (TOSA, then Vela) into a ``.pte``,
+runs Vela once more on each partition's TOSA for its summary CSV (cycles, latency, SRAM / flash), and
+runs the INT8 program on the parity inputs with every delegate computed by the TOSA reference model
+(the CPU ops between delegates by ExecuTorch's own ops). The reply names the step running when it
+stopped (written after every step, atomically, so a crash leaves the steps that finished). Only the
+standard library, numpy, torch and the Arm toolchain are imported here; the schema is in
+:mod:`vitexport.targets.ethos_u.client`.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+__all__ = ["main", "run_request", "calibrated_mask_fill"]
+
+#: a constant at or below this is a mask's "minus infinity" (-1e9, finfo.min), not data
+_MASK_FLOOR = -1e4
+#: masked logits get the smallest unmasked logit seen in calibration minus this: exp(-12) ≈ 6e-6 of the
+#: least weight a real token gets, while the int8 range of the softmax input grows by 12 instead of 1e9
+_MASK_MARGIN = 12.0
+#: ops that carry data between delegates without arithmetic (placement is reported, not gated)
+_MOVES = ("quantize_per", "dequantize_per", "getitem", "view", "reshape", "permute", "transpose", "clone",
+          "expand", "squeeze", "unsqueeze", "cat", "slice", "select", "_to_copy", "alias")
+
+
+def _save(req: dict, reply: dict) -> None:
+    tmp = req["reply"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(reply, f, indent=1)
+    os.replace(tmp, req["reply"])
+
+
+def _rows(rows: list[list[str]]):
+    import torch
+
+    return [tuple(torch.from_numpy(np.load(p)) for p in row) for row in rows]
+
+
+def _attr(gm, target: str):
+    """The constant a ``get_attr`` node names (``blocks.3.attn.mask``: nested in a submodule)."""
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def _mask_sites(gm) -> list[tuple]:
+    """(node, operand index of the mask, the data operand) for each add / where whose constant holds a
+    mask's minus infinity."""
+    import torch
+
+    sites = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.add.Tensor, torch.ops.aten.where.self,
+                                                             torch.ops.aten.where.ScalarOther):
+            continue
+        for i, arg in enumerate(node.args):
+            if node.target is not torch.ops.aten.add.Tensor and i == 0:
+                continue  # where's condition
+            const = _attr(gm, arg.target) if getattr(arg, "op", None) == "get_attr" else arg
+            low = float(const.detach().min()) if isinstance(const, torch.Tensor) and const.is_floating_point() and const.numel() \
+                else (float(const) if isinstance(const, (int, float)) else 0.0)
+            if low <= _MASK_FLOOR:
+                data = node.args[1 - i] if node.target is torch.ops.aten.add.Tensor else node.args[3 - i]
+                sites.append((node, i, data))
+    return sites
+
+
+def calibrated_mask_fill(gm, samples) -> list[dict]:
+    """Replace each mask's minus infinity (-1e9, ``finfo.min``) by the smallest unmasked logit seen on
+    ``samples`` minus :data:`_MASK_MARGIN`: a quantizer calibrates the softmax input's range from every
+    value it sees, and a -1e9 in that range leaves no int8 step for the real logits.
+
+    Returns:
+        One record per site: the node and the fill written.
+    """
+    import torch
+
+    sites = _mask_sites(gm)
+    if not sites:
+        return []
+    lows: dict = {}
+
+    class Watch(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if any(n is d for _, _, d in sites) and isinstance(out, torch.Tensor):
+                lows[n] = min(lows.get(n, float("inf")), float(out.min()))
+            return out
+
+    with torch.no_grad():
+        for args in samples:
+            Watch(gm).run(*args)
+    done = []
+    for node, i, data in sites:
+        fill = lows.get(data, -30.0) - _MASK_MARGIN
+        arg = node.args[i]
+        if getattr(arg, "op", None) == "get_attr":
+            const = _attr(gm, arg.target)
+            owner, _, name = arg.target.rpartition(".")
+            setattr(gm.get_submodule(owner) if owner else gm, name,
+                    torch.where(const <= _MASK_FLOOR, torch.full_like(const, fill), const))
+        else:
+            node.args = tuple(fill if j == i else a for j, a in enumerate(node.args))
+        done.append({"node": node.name, "fill": round(fill, 3)})
+    gm.recompile()
+    return done
+
+
+def _quantize(req: dict, st: dict, reply: dict) -> None:
+    """pt2e: the Arm quantizer annotates, vitexport's calibration samples measure, convert writes Q/DQ."""
+    import torch
+    from executorch.backends.arm.ethosu import EthosUCompileSpec
+    from executorch.backends.arm.quantizer import (EthosUQuantizer, get_symmetric_a16w8_quantization_config,
+                                                   get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    ep = torch.export.load(req["program"])
+    gm = ep.module(check_guards=False)  # a guard check is a call_module the Arm passes cannot trace
+    calib = _rows(req["calibration"])
+    reply["mask_fill"] = calibrated_mask_fill(gm, calib[:8])
+    os.makedirs(req["work_dir"], exist_ok=True)
+    spec = EthosUCompileSpec(req["accelerator"], system_config=req.get("system_config"),
+                             memory_mode=req.get("memory_mode"))
+    spec.dump_intermediate_artifacts_to(req["work_dir"])  # the partitions' TOSA, read by the reference step
+    quantizer = EthosUQuantizer(spec)
+    # int16 activations with int8 weights (Ethos-U's 16x8 kernels): LayerNorm, softmax and GELU keep their
+    # resolution, at twice the feature-map bytes
+    config = get_symmetric_a16w8_quantization_config if req.get("activations") == "int16" else \
+        get_symmetric_quantization_config
+    quantizer.set_global(config(is_per_channel=req.get("per_channel", True)))
+    reply["activations"] = req.get("activations", "int8")
+    prepared = prepare_pt2e(gm, quantizer)
+    names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
+    with torch.no_grad():
+        for args in calib:
+            prepared(**dict(zip(names, args)))
+    st["spec"], st["quantized"], st["example"] = spec, convert_pt2e(prepared), dict(zip(names, calib[0]))
+
+
+def _record(path: str, outs: list[list[np.ndarray]]) -> list[str]:
+    """Output j of every sample stacked into ``path/output_j.npy``."""
+    os.makedirs(path, exist_ok=True)
+    files = []
+    for j, arrs in enumerate(outs):
+        files.append(os.path.join(path, f"output_{j}.npy"))
+        np.save(files[-1], np.concatenate(arrs, axis=0))
+    return files
+
+
+def _stack(outs: list[list[np.ndarray]], got) -> None:
+    """Append one sample's outputs (a tensor or a tuple of them) to ``outs``, one list per output."""
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    for j, o in enumerate(got):
+        if len(outs) <= j:
+            outs.append([])
+        outs[j].append(o.detach().float().numpy())
+
+
+def _quantized_outputs(req: dict, st: dict, reply: dict) -> None:
+    """The quantized program in torch (Q/DQ as float ops) on the parity inputs: what the quantizer wrote."""
+    import torch
+
+    outs: list[list[np.ndarray]] = []
+    with torch.no_grad():
+        for args in _rows(req["inputs"]):
+            _stack(outs, st["quantized"](**dict(zip(req["input_names"], args))))
+    reply["quantized_outputs"] = _record(os.path.join(req["outputs_dir"], "quantized"), outs)
+
+
+def _lower(req: dict, st: dict, reply: dict) -> None:
+    """TOSA → Vela for every partition the Arm partitioner takes; the ``.pte`` written."""
+    import torch
+    from executorch.backends.arm.ethosu import EthosUPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    program = torch.export.export(st["quantized"], (), kwargs=st["example"])
+    edge = to_edge_transform_and_lower(program, partitioner=[EthosUPartitioner(st["spec"])])
+    st["manager"], st["edge"] = edge, edge.exported_program()
+    flags = dict(f[2:].split("=", 1) for f in st["spec"].compiler_flags if f.startswith("--") and "=" in f)
+    reply["system_config"], reply["memory_mode"] = flags.get("system-config"), flags.get("memory-mode")
+
+
+def _tosa_files(work: str) -> list[str]:
+    """The partitions' TOSA files in partition order (``output_tag<N>_<spec>.tosa``)."""
+    files = glob.glob(os.path.join(work, "output_tag*.tosa"))
+    return sorted(files, key=lambda p: int(os.path.basename(p)[len("output_tag"):].split("_")[0]))
+
+
+def _vela(req: dict, st: dict, reply: dict) -> None:
+    """Vela once more on each partition's TOSA (the same flags as the lowering) for its summary CSV."""
+    from ethosu.vela import vela
+
+    flags = [f for f in st["spec"].compiler_flags if not f.startswith(("--output-format", "--output-dir"))]
+    reply["partitions"] = []
+    for i, tosa in enumerate(_tosa_files(req["work_dir"])):
+        out = os.path.join(req["work_dir"], f"vela{i}")
+        vela.main([*flags, f"--output-dir={out}", tosa])
+        summary = glob.glob(os.path.join(out, "*_summary_*.csv"))
+        with open(summary[0]) as f:
+            reply["partitions"].append({"tosa": tosa, **next(csv.DictReader(f))})
+
+
+def _macs(node) -> int:
+    """Multiply-accumulates of a linear / conv / matmul op from its traced shapes (0 for other ops)."""
+    name = str(node.target)
+    val = node.meta.get("val")
+    if val is None or not any(k in name for k in ("linear", "convolution", "mm", "matmul")):
+        return 0
+    out = int(np.prod(val.shape))
+    w = node.args[1].meta.get("val") if len(node.args) > 1 and hasattr(node.args[1], "meta") else None
+    if w is None:
+        return 0
+    if "convolution" in name:
+        return out * int(np.prod(w.shape[1:]))
+    return out * int(w.shape[-1] if "linear" in name else w.shape[-2])
+
+
+def _placement(st: dict, reply: dict) -> None:
+    """Which ops stay on the CPU (outside every delegate), with their multiply-accumulates."""
+    cpu = []
+    for node in st["edge"].graph_module.graph.nodes:
+        if node.op != "call_function" or "executorch_call_delegate" in str(node.target):
+            continue
+        name = str(getattr(node.target, "__name__", node.target))
+        cpu.append({"node": node.name, "op": name, "macs": _macs(node),
+                    "moves": any(m in name for m in _MOVES)})
+    reply["cpu_ops"] = cpu
+    reply["delegates"] = sum(1 for n in st["edge"].graph_module.graph.nodes
+                             if "executorch_call_delegate" in str(getattr(n, "target", "")))
+
+
+def _reference(req: dict, st: dict, reply: dict) -> None:
+    """The INT8 program on the parity inputs: delegates on the TOSA reference model, the rest in torch."""
+    import torch
+    import tosa_reference_model as ref
+
+    ep = st["edge"]
+    graphs = [open(p, "rb").read() for p in _tosa_files(req["work_dir"])]
+    consts = {**ep.state_dict, **ep.constants}
+    sig = ep.graph_signature
+    calls = iter(range(len(graphs)))
+
+    class Run(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            if "executorch_call_delegate" not in str(target):
+                return super().call_function(target, args, kwargs)
+            outs, status = ref.run(graphs[next(calls)], [a.detach().contiguous().numpy() for a in args[1:]],
+                                   initialize_variable_tensor_from_numpy=True)
+            if status != ref.GraphStatus.TOSA_VALID:
+                raise RuntimeError(f"the TOSA reference model refused partition {len(graphs)}: {status}")
+            return tuple(torch.from_numpy(np.array(o)) for o in outs)
+
+    per_output: list[list[np.ndarray]] = []
+    t0 = time.perf_counter()
+    for args in _rows(req["inputs"]):
+        users = iter(args)
+        feed = [consts[s.target] if s.target in consts else next(users) for s in sig.input_specs]
+        calls = iter(range(len(graphs)))
+        _stack(per_output, Run(ep.graph_module).run(*feed))
+    reply["seconds_per_sample"] = (time.perf_counter() - t0) / max(len(req["inputs"]), 1)
+    reply["outputs"] = _record(os.path.join(req["outputs_dir"], "reference"), per_output)
+
+
+def _serialize(req: dict, st: dict) -> None:
+    """The ``.pte`` (last: ``to_executorch`` plans memory in the edge program the steps above read)."""
+    with open(req["pte"], "wb") as f:
+        f.write(st["manager"].to_executorch().buffer)
+
+
+def run_request(req: dict) -> dict:
+    """Run one request: quantize, lower (TOSA + Vela), vela (summaries), placement, reference, serialize (.pte)."""
+    reply: dict = {"ok": False, "stages": {}, "stage": None, "error": None}
+    st: dict = {}
+    steps = [("quantize", lambda: _quantize(req, st, reply)),
+             ("quantized_outputs", lambda: _quantized_outputs(req, st, reply)), ("lower", lambda: _lower(req, st, reply)),
+             ("vela", lambda: _vela(req, st, reply)), ("placement", lambda: _placement(st, reply)),
+             ("reference", lambda: _reference(req, st, reply) if req.get("inputs") else None),
+             ("serialize", lambda: _serialize(req, st))]
+    try:
+        for name, step in steps:
+            reply["stage"] = name
+            _save(req, reply)  # a crash inside the step leaves it named in the reply
+            print(f"@@vitexport-stage {name}", flush=True)
+            t0 = time.perf_counter()
+            step()
+            reply["stages"][name] = round(time.perf_counter() - t0, 3)
+        reply["ok"], reply["stage"] = True, None
+    except Exception as exc:  # a toolchain failure is data for the client, not a crash of the worker
+        reply["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    _save(req, reply)
+    return reply
+
+
+def main(argv: list[str]) -> int:
+    """``python -I worker.py REQUEST.json``: exit 0 when every step ran."""
+    if len(argv) != 2:
+        print("usage: worker.py REQUEST.json", file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        req = json.load(f)
+    return 0 if run_request(req)["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
