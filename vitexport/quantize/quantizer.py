@@ -265,7 +265,7 @@ PV_GAIN = 1.2
 #: (:func:`~.fallback.rank_sensitivity`) or INT8 is predicted to miss: float attn·V divides the error by
 #: :data:`PV_GAIN` only where it makes a sixth of it, and a node's own error is no exact share of the model's, so
 #: the bar is a quarter of a sixth. A probe costs a verdict: ViT-B/16's Q/DQ run on 48 samples, ~17 % of its
-#: quantize stage. Measured share (the probe's gain): the demo 0.43 (1.24: float chosen), ViT-B/16 with planted
+#: quantize stage. Measured share (the probe's gain): the demo 0.43 (probed: float would raise its error ×1.21), ViT-B/16 with planted
 #: outliers 0.0037 (0.94: float would raise the error ×1.06; its probe was 143 of 864 s, now skipped, same file)
 PV_PROBE_SHARE = 0.04
 
