@@ -15,7 +15,7 @@ from .proc import GB, REPO
 from .report import _f4, _fail, _gb, _pct, _s, _short, _x
 from .report_dist import render_distribution
 
-__all__ = ["render_cases", "TOOL_TITLES", "tool_row"]
+__all__ = ["render_cases", "TOOL_TITLES", "tool_row", "speed_lines"]
 
 TOOL_TITLES = {
     "vx": "vitexport (orin defaults)",
@@ -200,18 +200,49 @@ def _checks(r: _R, plan: CasePlan) -> list[str]:
         if case not in plan.cases:
             continue
         for m in sorted({k for _, k in cells}):
-            rv, rn = r.rec("vx", case, m), r.rec("nncf", case, m)
+            rv = r.rec("vx", case, m)
             if rv is None:
                 continue
             fv = _fail(rv)
             peak = None if fv else rv.get("peak_bytes")
             out.append(f"| {case}, {m} calibration samples: whole vitexport process ≤ 2.5 GB | {fv or _gb(peak)} | "
                        f"{_verdict(None if peak is None else peak <= 2.5 * GB)} |")
-            tv, tn = r.quantize_s("vx", case, m), r.quantize_s("nncf", case, m)
-            ok = None if tv is None or tn is None else tv <= tn
-            out.append(f"| {case}, {m} samples: vitexport quantize stage no slower than NNCF's quantize, same run | "
-                       f"vitexport {_s(tv)} vs NNCF {_s(tn) if rn else 'not run'} | {_verdict(ok)} |")
+    for case, m in _speed_cells(plan):
+        tv, tn = r.quantize_s("vx", case, m), r.quantize_s("nncf", case, m)
+        if r.rec("vx", case, m) is None:
+            continue
+        ok = None if tv is None or tn is None else tv <= tn
+        out.append(f"| {case}, {m} samples: vitexport quantize stage no slower than NNCF's quantize, same run | "
+                   f"vitexport {_s(tv)} vs NNCF {_s(tn) if r.rec('nncf', case, m) else 'not run'}"
+                   f"{f' (×{tv / tn:.2f})' if tv and tn else ''} | {_verdict(ok)} |")
     return out
+
+
+def _speed_cells(plan: CasePlan) -> list[tuple[str, int]]:
+    """(case, samples) where vitexport and NNCF both quantize (the headline and the larger sets), extra cases first."""
+    cells = [(case, m) for case, cs in plan.extra.items() if case in plan.cases
+             for m in sorted({plan.num_samples, *(k for p, k in cs if p == "nncf")})]
+    return cells
+
+
+def speed_lines(records: dict, plan: CasePlan) -> list[str]:
+    """vitexport's quantize stage beside ``nncf.quantize`` on the same FP32 ONNX and calibration file, same run:
+    seconds, ratio, the whole export's seconds, and the load around each (the table ``make bench`` prints)."""
+    r = _R(records)
+    out = ["| case | samples | vitexport quantize stage | NNCF quantize | ratio (vitexport ÷ NNCF) | vitexport whole export | load (vitexport / NNCF) |",
+           "|---|---|---|---|---|---|---|"]
+    for case, m in _speed_cells(plan):
+        rv, rn = r.rec("vx", case, m), r.rec("nncf", case, m)
+        if rv is None and rn is None:
+            continue
+        tv, tn = r.quantize_s("vx", case, m), r.quantize_s("nncf", case, m)
+        whole = ((rv or {}).get("data") or {}).get("seconds") if rv and rv.get("ok") else None
+        loads = " / ".join(f"{(rec or {}).get('load_before', [None])[0]:.1f}"
+                           if (rec or {}).get("load_before") else "–" for rec in (rv, rn))
+        ratio = f"×{tv / tn:.2f}" if tv and tn else "–"
+        out.append(f"| {case} | {m} | {_fail(rv) if rv and _fail(rv) else _s(tv)} | "
+                   f"{(_fail(rn) if rn and _fail(rn) else _s(tn)) if rn else 'not run'} | {ratio} | {_s(whole)} | {loads} |")
+    return out if len(out) > 2 else []
 
 
 def _extra_table(r: _R, plan: CasePlan) -> list[str]:
@@ -307,6 +338,14 @@ def render_cases(plan: CasePlan, records: dict, info: dict, cap_gb: float) -> st
         if not CASES[case].generated:  # the generated distribution has its own compact tables above
             lines += _case_table(r, plan, case)
     lines += _extra_table(r, plan)
+    speed = speed_lines(records, plan)
+    if speed:
+        lines += ["## Quantize time beside NNCF", "",
+                  "Same FP32 ONNX, same calibration file, same run, one after the other: vitexport's `quantize_int8` "
+                  "stage (its own seconds: calibration, searches, Q/DQ, the fallback's verdicts; the stage's parity "
+                  "gate on the parity data not included) against `nncf.quantize` alone; the whole export (torch "
+                  "passes, ONNX export, every stage's parity check) beside it. Ratio below 1: vitexport is faster. "
+                  "Load: the 1-minute load average when each run started (2 cores).", "", *speed, ""]
     lines += ["## Latency (median, ms)", "", *_latency(r, plan), "", "## Cases", ""]
     for case in plan.cases:
         d = (records.get(f"prep|{case}") or {}).get("data") or {}

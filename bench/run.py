@@ -26,7 +26,7 @@ from .models import MODELS
 from .plan import PATHS, cases_plan, cases_quick_plan, full_plan, quick_plan
 from .proc import GB
 from .report import machine_info, render
-from .report_cases import render_cases
+from .report_cases import render_cases, speed_lines
 
 __all__ = ["main", "Bench"]
 
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = kept_tail(out)
     if peers:
         out.write_text(render_cases(whole, bench.records, info, cap_gb) + kept)
+        print("\n".join(speed_lines(bench.records, whole)))  # issue 30: the quantize stage beside NNCF, same run
     else:
         out.write_text(render(whole, bench.records, info, cap_gb) + kept)
     print(f"wrote {out}")

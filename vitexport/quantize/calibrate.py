@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import onnx_ir as ir
 
-from ..calibration.collect import collect
+from ..calibration.collect import collect, collect_absmax
 from ..calibration.data import SampleSet
-from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, RowSampler, make_observer
+from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
 from ..calibration.table import ScaleTable
 from ..errors import BadInput
 from ..graph.query import attr
@@ -32,7 +32,7 @@ from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
 from .rounding import gptq_round
-from .search import ALPHAS, QuantArith, bias_shift, error_split, search_alpha, search_range
+from .search import ALPHAS, QuantArith, correction_and_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
 from .profile import QuantProfile
@@ -279,9 +279,10 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
             elif init in res.rounded:
                 q, scale = res.rounded[init]
                 wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
-            if correct:
-                res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith, wq=wq)]
-            for k, v in error_split(x, w, rng, arith, wq=wq).items():
+            shift, parts = correction_and_split(x, w, rng, arith, correct, wq=wq)
+            if shift is not None:
+                res.table.bias[node] = [float(v) for v in shift]
+            for k, v in parts.items():
                 split[k] += v
             n += 1
     if n:
@@ -392,12 +393,7 @@ def observe_absmax(model: ir.Model, samples: SampleSet, recipe: Recipe,
     cal = recipe.calibration
     names = [v.name for v in model.graph.inputs if not v.is_initializer() and v.dtype == ir.DataType.FLOAT]
     names += [o.name for n in model.graph for o in n.outputs if o.dtype == ir.DataType.FLOAT and n.op_type != "Constant"]
-    observers = {t: [MinMaxObserver()] for t in dict.fromkeys(names)}
-    log.debug("float16 evidence: ranges of %d tensor(s) on %d sample(s)", len(observers), len(samples))
-    collect(model, samples, observers, batch_size=cal.batch_size, budget_bytes=cal.memory_budget_mb << 20,
-            description="float16 ranges", on_run=on_run)
-    out = {}
-    for t, (ob,) in observers.items():
-        if ob.count:
-            out[t] = max(abs(ob.min), abs(ob.max))
-    return out
+    names = list(dict.fromkeys(names))
+    log.debug("float16 evidence: ranges of %d tensor(s) on %d sample(s)", len(names), len(samples))
+    return collect_absmax(model, samples, names, batch_size=cal.batch_size, budget_bytes=cal.memory_budget_mb << 20,
+                          description="float16 ranges", on_run=on_run)
