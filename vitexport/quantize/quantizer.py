@@ -282,7 +282,7 @@ def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, j
               report: QuantReport, ranking: list[tuple[str, float]] | None = None) -> tuple[ir.Model, QuantPlan, Verdict]:
     """attn·V in INT8 or float, decided for this model by one more verdict (the cheapest candidate: a few
     per cent of the MACs, at the price of fused INT8 attention on a runtime that has it: the target's attention
-    line in the report says, :meth:`~vitexport.targets.base.Target.attention_note`). A passing model whose
+    line in the report says, :meth:`~vitexport.targets.Target.attention_note`). A passing model whose
     attn·V nodes make too small a share of the summed node errors (``ranking``) to pay is left INT8 unprobed."""
     pv = _pv_nodes(model, plan)
     if not pv:
