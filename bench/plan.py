@@ -184,12 +184,13 @@ def cases_plan() -> CasePlan:
         # shapes_yolos is not in the default run yet: scripts/train_detector.py does not reach a useful held-out mAP
         # in the minutes this machine gives it (issue 29); `--models shapes_yolos` measures it
         cases=("demo", "digits_vit", "text_encoder", "photo_swin", "doc_encoder", "minilm", "mpnet", "vit_base_outlier",
-               "shapes_segformer", *keys),
+               "shapes_segformer", "photo_mobilevit", "photo_effvit", *keys),
         extra={"vit_base_outlier": (("vx", 256), ("nncf", 256))},
         sizes={"vit_base_outlier": {"parity": 32, "score": 64}, "minilm": {"parity": 256, "score": 512},
                "mpnet": {"parity": 256, "score": 512}, **sizes},
         latency_runs={"demo": 100, "digits_vit": 50, "text_encoder": 50, "photo_swin": 50, "doc_encoder": 50,
-                      "minilm": 20, "mpnet": 10, "vit_base_outlier": 10},
+                      "minilm": 20, "mpnet": 10, "vit_base_outlier": 10,
+                      "photo_mobilevit": 50, "photo_effvit": 50},
         # the dense cases (issue 29): vitexport beside NNCF and plain quantize_static, scored by their task
         case_paths={k: ("vx", "nncf", "plain") for k in (*keys, "shapes_yolos", "shapes_segformer")},
     )
