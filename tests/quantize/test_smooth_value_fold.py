@@ -81,3 +81,31 @@ def test_many_heads_keep_their_sites_as_before(tmp_path):
     m = prepare_model(path, t)
     sites, _ = find_sites(m, t.annotate(m))
     assert not [s for s in sites if s.kind is SiteKind.value]
+
+
+class _ActV(_SegAttention):
+    """V through a ReLU after its projection: no Linear output to fold the factors into."""
+
+    def forward(self, x, r):
+        q, k = self._split(self.q(torch.nn.functional.gelu(x))), self._split(self.k(r))
+        v = self._split(torch.relu(self.v(r)))
+        p = torch.softmax(q @ k.transpose(-1, -2) * 0.3, dim=-1)
+        o = (p @ v).permute(0, 2, 1, 3)
+        return self.dense(o.reshape(o.shape[0], o.shape[1], -1))
+
+
+def test_an_unfoldable_attention_output_is_skipped_where_the_target_takes_no_mul_there(tmp_path):
+    torch.manual_seed(0)
+    path = export_onnx(_ActV().eval(), {"x": torch.randn(1, 64, 32), "r": torch.randn(1, 16, 32)}, tmp_path / "actv.onnx", 17)
+    found = {}
+    for name in ("orin", "rk3588"):
+        t = target(name)
+        m = prepare_model(path, t)
+        found[name] = find_sites(m, t.annotate(m), max_insert_rank=t.max_insert_rank,
+                                 attention_insert=t.insert_after_attention)
+    att = [s for s in found["orin"][0] if s.kind is SiteKind.insert and "Transpose" in s.tensor]
+    assert len(att) == 1, "on orin the attention output keeps its inserted Mul"
+    rk_sites, rk_skipped = found["rk3588"]
+    assert att[0].tensor not in {s.tensor for s in rk_sites}
+    assert "cannot fold into the V projection" in rk_skipped[att[0].tensor]
+    assert {s.tensor for s in rk_sites} == {s.tensor for s in found["orin"][0]} - {att[0].tensor}

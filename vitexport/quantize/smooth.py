@@ -28,7 +28,7 @@ import onnx_ir as ir
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import PASS_THROUGH_OPS, attr, const_array, is_const, static_shape
 from .spec import NodeKind, QuantPlan
-from .vfold import ValueFold, find_value_fold
+from .vfold import ValueFold, find_value_fold, is_attention_output
 
 __all__ = ["SiteKind", "SmoothSite", "find_sites", "compute_factors", "SmoothPass", "weight_in_out"]
 
@@ -142,8 +142,8 @@ def _linear_uses(value: ir.Value, channels: int, planned: Mapping) -> tuple[list
     return uses, linears
 
 
-def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
-               max_insert_rank: int | None = None) -> tuple[list[SmoothSite], dict[str, str]]:
+def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True, max_insert_rank: int | None = None,
+               attention_insert: bool = True) -> tuple[list[SmoothSite], dict[str, str]]:
     """Sites where smoothing applies, and why other quantized Linears' inputs are not sites.
 
     Args:
@@ -151,6 +151,8 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
             affine node can absorb the factors.
         max_insert_rank: the highest rank of a tensor an inserted Mul may multiply (None: any; the
             target's ``max_insert_rank``).
+        attention_insert: also insert a Mul on an attention output whose factors cannot fold into
+            V (the target's ``insert_after_attention``).
     """
     planned = {n.node: n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None}
     values = ir.convenience.create_value_mapping(model.graph)
@@ -169,7 +171,7 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
             skipped[spec.node] = "input shape unknown"
             continue
         deep = max_insert_rank is not None and len(shp) > max_insert_rank
-        site, why = _site(v, shp[-1], planned, insert and not deep)
+        site, why = _site(v, shp[-1], planned, insert and not deep, attention_insert)
         if site is None and insert and deep and why.endswith("inserting a Mul is off"):
             why = f"an inserted Mul would multiply a rank-{len(shp)} tensor; the {plan.target} target takes rank <= {max_insert_rank}"
         if site is None:
@@ -179,7 +181,8 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
     return list(sites.values()), skipped
 
 
-def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool) -> tuple[SmoothSite | None, str]:
+def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool,
+          attention_insert: bool = True) -> tuple[SmoothSite | None, str]:
     src = _affine_source(v, channels)
     consumers = _consumers(v, channels)
     if src is not None and consumers is not None and all(planned.get(c.name) is not None and j == 0 for c, j in consumers):
@@ -192,6 +195,8 @@ def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool) -> tuple[S
         return None, "not a LayerNorm read only by Linears, and inserting a Mul is off"
     if v.producer() is None or v.is_graph_input() or v.is_graph_output():
         return None, "a graph input or output"
+    if not attention_insert and is_attention_output(v):
+        return None, "an attention output whose factors cannot fold into the V projection; the target takes no Mul there"
     uses, linears = _linear_uses(v, channels, planned)
     if not linears:
         return None, "no quantized Linear reads it through channel-preserving reshapes"

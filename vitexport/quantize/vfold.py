@@ -22,7 +22,7 @@ import onnx_ir as ir
 from ..graph.query import attr, const_array, static_shape
 from .annotate import attention_role
 
-__all__ = ["ValueFold", "find_value_fold"]
+__all__ = ["ValueFold", "find_value_fold", "is_attention_output"]
 
 #: ops that only move elements (their other inputs constant): labels go through them exactly
 _MOVE_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Split", "Gather", "Slice"})
@@ -131,6 +131,11 @@ def _path_back(site: ir.Value) -> tuple[list[ir.Node], ir.Node] | None:
         chain.append(p)
         v = p.inputs[0]
     return None
+
+
+def is_attention_output(value: ir.Value) -> bool:
+    """Whether ``value`` is attn·V moved only by reshapes / transposes (each read once)."""
+    return _path_back(value) is not None
 
 
 def _v_chain(pv: ir.Node) -> tuple[list[ir.Node], ir.Value] | None:
