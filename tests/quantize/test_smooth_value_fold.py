@@ -36,12 +36,28 @@ class _SegAttention(torch.nn.Module):
         return self.dense(o.reshape(o.shape[0], o.shape[1], -1))
 
 
+class _PerHead(_SegAttention):
+    """Two heads, a Linear over the head dim of ``[B, N, H, D]``: one site channel per d, each fed by
+    one V column of every head (the factor of channel d divides column h·D + d for every h)."""
+
+    def __init__(self):
+        super().__init__(heads=2)
+        self.mix = torch.nn.Linear(16, 16)
+
+    def forward(self, x, r):
+        q, k, v = self._split(self.q(torch.nn.functional.gelu(x))), self._split(self.k(r)), self._split(self.v(r))
+        p = torch.softmax(q @ k.transpose(-1, -2) * 0.3, dim=-1)
+        return self.mix((p @ v).permute(0, 2, 1, 3))
+
+
 def _cases(tmp_path):
     torch.manual_seed(0)
     seg = export_onnx(_SegAttention().eval(), {"x": torch.randn(1, 64, 32), "r": torch.randn(1, 16, 32)},
                       tmp_path / "seg.onnx", 17)
     vit = export_onnx(tiny_vit(embed=32, heads=1, depth=1), {"x": torch.randn(1, 3, 32, 32)}, tmp_path / "vit.onnx", 13)
-    return {"segformer": seg, "timm_fused_qkv": vit}
+    per_head = export_onnx(_PerHead().eval(), {"x": torch.randn(1, 64, 32), "r": torch.randn(1, 16, 32)},
+                           tmp_path / "per_head.onnx", 17)
+    return {"segformer": seg, "timm_fused_qkv": vit, "per_head": per_head}
 
 
 def _run(model, feeds, path):
@@ -49,7 +65,7 @@ def _run(model, feeds, path):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
-@pytest.mark.parametrize("case", ["segformer", "timm_fused_qkv"])
+@pytest.mark.parametrize("case", ["segformer", "timm_fused_qkv", "per_head"])
 def test_attention_output_factors_fold_into_v_exactly(tmp_path, case):
     path = _cases(tmp_path)[case]
     t = target("orin")
