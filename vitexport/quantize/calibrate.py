@@ -83,7 +83,8 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
         "num_samples": cal.num_samples, "seed": cal.seed, "holdout": holdout,
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": ([q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert]  # a rank limit only where one is set
-                      + ([target.max_insert_rank] if target.max_insert_rank is not None else [])) if q.smooth else None,
+                      + ([target.max_insert_rank] if target.max_insert_rank is not None else [])
+                      + ([] if target.insert_after_attention else ["no_attention_insert"])) if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
@@ -133,7 +134,8 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
             res: CalibrationResult) -> dict[str, np.ndarray]:
     """Choose each site's factors (searched α, or the recipe's), fold them in; returns linear node → s."""
     q = recipe.quantization
-    sites, res.smooth_skipped = find_sites(model, plan, insert=q.smooth_insert, max_insert_rank=target.max_insert_rank)
+    sites, res.smooth_skipped = find_sites(model, plan, insert=q.smooth_insert, max_insert_rank=target.max_insert_rank,
+                                           attention_insert=target.insert_after_attention)
     arith, factors, alphas, per_node = arith_of(target), {}, {}, {}
     for site in sites:
         t = _site_tensor(plan, site)
@@ -373,7 +375,8 @@ def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, ke
         return None
     res = CalibrationResult(table, plan, reused=True)
     if table.equalization:
-        sites, res.smooth_skipped = find_sites(model, plan, insert=insert, max_insert_rank=target.max_insert_rank)
+        sites, res.smooth_skipped = find_sites(model, plan, insert=insert, max_insert_rank=target.max_insert_rank,
+                                               attention_insert=target.insert_after_attention)
         factors = {k: np.asarray(v, np.float32) for k, v in table.equalization.items()}
         if set(factors) - {s.tensor for s in sites}:
             raise RuntimeError(f"{path}: smoothing sites {sorted(set(factors) - {s.tensor for s in sites})[:3]} not in the model")

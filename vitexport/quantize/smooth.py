@@ -10,7 +10,9 @@ moves that range into the weights, which are quantized per output channel and ab
 Where the tensor is a LayerNorm's output (or a decomposed LayerNorm's final affine ``Mul(γ)`` [→
 ``Add(β)``]) the division folds into the affine terms (``γ/s``, ``β/s``: a *fold* site, no new node);
 anywhere else (a GELU output feeding ``fc2``, the attention output feeding ``proj``) a ``Mul`` by
-``1/s`` is inserted in front of the Linears (an *insert* site; NNCF does the same). The function is
+``1/s`` is inserted in front of the Linears (an *insert* site; NNCF does the same). An attention
+output (``softmax·V`` through head transposes) needs neither: its factors fold into the V projection's
+output columns (a *value* site, :mod:`.vfold`), exact and with no new node. The function is
 the same in float either way; only where the quantization noise lands changes. The factors come from
 :mod:`.search` (``s_j = max|X_j|^α / max|W_j|^(1−α)`` with α chosen per site on calibration data).
 """
@@ -26,6 +28,7 @@ import onnx_ir as ir
 from ..graph.passes import GraphPass, GraphPassReport
 from ..graph.query import PASS_THROUGH_OPS, attr, const_array, is_const, static_shape
 from .spec import NodeKind, QuantPlan
+from .vfold import ValueFold, find_value_fold, is_attention_output
 
 __all__ = ["SiteKind", "SmoothSite", "find_sites", "compute_factors", "SmoothPass", "weight_in_out"]
 
@@ -35,6 +38,7 @@ _MIN_S, _MAX_S = 1e-4, 1e4
 class SiteKind(str, enum.Enum):
     fold = "fold"  # into a LayerNorm's (or affine Mul/Add's) constants
     insert = "insert"  # a new Mul in front of the Linears
+    value = "value"  # into the V projection of the attention whose output the site is
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class SmoothSite:
         channels: the channel count.
         uses: (node name, input index) of the tensor's readers the inserted Mul feeds (insert sites:
             those leading to the Linears; other readers keep the tensor).
+        value: where a value site's factors go in the V projection.
     """
 
     tensor: str
@@ -60,6 +65,7 @@ class SmoothSite:
     linears: tuple[tuple[str, str, int], ...]
     channels: int
     uses: tuple[tuple[str, int], ...] = ()
+    value: ValueFold | None = None
 
 
 def _vec(value: ir.Value | None, channels: int) -> bool:
@@ -136,8 +142,8 @@ def _linear_uses(value: ir.Value, channels: int, planned: Mapping) -> tuple[list
     return uses, linears
 
 
-def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
-               max_insert_rank: int | None = None) -> tuple[list[SmoothSite], dict[str, str]]:
+def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True, max_insert_rank: int | None = None,
+               attention_insert: bool = True) -> tuple[list[SmoothSite], dict[str, str]]:
     """Sites where smoothing applies, and why other quantized Linears' inputs are not sites.
 
     Args:
@@ -145,6 +151,8 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
             affine node can absorb the factors.
         max_insert_rank: the highest rank of a tensor an inserted Mul may multiply (None: any; the
             target's ``max_insert_rank``).
+        attention_insert: also insert a Mul on an attention output whose factors cannot fold into
+            V (the target's ``insert_after_attention``).
     """
     planned = {n.node: n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None}
     values = ir.convenience.create_value_mapping(model.graph)
@@ -163,7 +171,7 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
             skipped[spec.node] = "input shape unknown"
             continue
         deep = max_insert_rank is not None and len(shp) > max_insert_rank
-        site, why = _site(v, shp[-1], planned, insert and not deep)
+        site, why = _site(v, shp[-1], planned, insert and not deep, attention_insert)
         if site is None and insert and deep and why.endswith("inserting a Mul is off"):
             why = f"an inserted Mul would multiply a rank-{len(shp)} tensor; the {plan.target} target takes rank <= {max_insert_rank}"
         if site is None:
@@ -173,21 +181,40 @@ def find_sites(model: ir.Model, plan: QuantPlan, insert: bool = True,
     return list(sites.values()), skipped
 
 
-def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool) -> tuple[SmoothSite | None, str]:
+def _site(v: ir.Value, channels: int, planned: Mapping, insert: bool,
+          attention_insert: bool = True) -> tuple[SmoothSite | None, str]:
     src = _affine_source(v, channels)
     consumers = _consumers(v, channels)
     if src is not None and consumers is not None and all(planned.get(c.name) is not None and j == 0 for c, j in consumers):
         name, scale_ref, bias_ref = src  # every reader is a Linear: fold into the affine terms
         return SmoothSite(v.name, name, SiteKind.fold, scale_ref, bias_ref, _weights(c for c, _ in consumers), channels), ""
+    folded = _value_site(v, channels, planned)
+    if folded is not None:
+        return folded, ""
     if not insert:
         return None, "not a LayerNorm read only by Linears, and inserting a Mul is off"
     if v.producer() is None or v.is_graph_input() or v.is_graph_output():
         return None, "a graph input or output"
+    if not attention_insert and is_attention_output(v):
+        return None, "an attention output whose factors cannot fold into the V projection; the target takes no Mul there"
     uses, linears = _linear_uses(v, channels, planned)
     if not linears:
         return None, "no quantized Linear reads it through channel-preserving reshapes"
     # a Mul on the Linears' branch only: a residual Add (post-LN BERT) keeps reading the tensor itself
     return SmoothSite(v.name, v.name, SiteKind.insert, None, None, _weights(linears), channels, tuple(uses)), ""
+
+
+def _value_site(v: ir.Value, channels: int, planned: Mapping) -> SmoothSite | None:
+    """An attention output read only by Linears whose factors fold into V's projection (no Mul)."""
+    if v.producer() is None or v.is_graph_output():
+        return None
+    uses, linears = _linear_uses(v, channels, planned)
+    if not linears or len(uses) != len(v.uses()):
+        return None  # another reader (a residual) would see the scaled tensor
+    fold = find_value_fold(v, channels)
+    if fold is None:
+        return None
+    return SmoothSite(v.name, v.name, SiteKind.value, None, None, _weights(linears), channels, tuple(uses), fold)
 
 
 def _weights(linears) -> tuple[tuple[str, str, int], ...]:
@@ -258,6 +285,11 @@ class SmoothPass(GraphPass):
                 self._scale(model, nodes[site.scale_ref[0]], site.scale_ref[1], 1.0 / s, f"{site.name}_equalized_scale")
                 if site.bias_ref is not None:
                     self._scale(model, nodes[site.bias_ref[0]], site.bias_ref[1], 1.0 / s, f"{site.name}_equalized_bias")
+            elif site.kind is SiteKind.value:
+                for name, idx, axis in site.value.refs:  # V's output columns (weight and bias) divided by s
+                    shape = [1] * const_array(nodes[name].inputs[idx]).ndim
+                    shape[axis] = -1
+                    self._scale(model, nodes[name], idx, site.value.factors(1.0 / s).reshape(shape), f"{site.name}_vfold_{idx}")
             else:
                 self._insert(model, values[site.tensor], 1.0 / s, [(nodes[n], j) for n, j in site.uses])
             for lin, w_name, in_axis in site.linears:

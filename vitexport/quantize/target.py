@@ -28,6 +28,8 @@ class QuantizeTarget(AnnotateTarget, Protocol):
     forbid_float16: bool
     #: deepest tensor a smoothing Mul may be inserted on (None: any)
     max_insert_rank: int | None
+    #: a smoothing Mul may go on an attention output that cannot fold into V
+    insert_after_attention: bool
     #: the stage whose backend reports the INT8 share (None: none)
     int8_share_stage: str | None
 

@@ -108,6 +108,10 @@ class Target:
     #: the highest rank of a tensor a smoothing Mul may be inserted on (None: any); a site whose
     #: tensor is deeper is folded where it can be, else left unsmoothed (the report says why)
     max_insert_rank: ClassVar[int | None] = None
+    #: whether a smoothing Mul may be inserted on an attention output (``softmax·V`` through head
+    #: transposes) whose factors cannot fold into the V projection; False: such a site is left
+    #: unsmoothed, the report says why
+    insert_after_attention: ClassVar[bool] = True
     #: the schema of the recipe's ``target_options:`` for this target
     Options: ClassVar[type[TargetOptions]] = TargetOptions
     #: the runtime's name as a report writes it (``TensorRT``); empty: no named runtime. The report's

@@ -63,6 +63,9 @@ class Rk3588Target(Target):
     #: partition, [1, 2, 2, 4, 4, 32]: ``'IRGraph' object has no attribute 'node_use_target_const'``) and,
     #: with the rule disabled, its ``swap_transpose_reshape`` loops without end
     max_insert_rank: ClassVar[int | None] = 4
+    #: RKNN 2.5.0 crashes (SIGSEGV in OpEmit) on a Mul after SegFormer's one-head attention output
+    #: (attn·V → Transpose → Mul → Reshape → Linear); such sites fold into V where they can, else stay
+    insert_after_attention: ClassVar[bool] = False
     #: rknn-toolkit2's ``target_platform``
     platform: ClassVar[str] = "rk3588"
     #: the toolkit the worker's venv holds (``make setup-rknn``)
