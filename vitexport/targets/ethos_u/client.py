@@ -28,12 +28,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadInput, one_line
+from .._worker import npy_rows, wait_for_worker
 
 __all__ = ["EthosRequest", "EthosResult", "run_ethos", "ethos_python", "ethos_missing", "require_ethos", "WORKER",
            "SETUP_HINT", "ETHOS_VENV_ENV"]
@@ -119,50 +120,16 @@ class EthosResult(BaseModel):
         return self.reply.get("cpu_ops", [])
 
 
-def _npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) -> list[list[str]]:
-    """One ``.npy`` per input and sample (the order of each feed: the model's input order)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, feed in enumerate(feeds):
-        row = []
-        for j, arr in enumerate(feed.values()):
-            path = folder / f"{tag}{i}_{j}.npy"
-            np.save(path, np.ascontiguousarray(arr))
-            row.append(str(path))
-        rows.append(row)
-    return rows
-
-
 def _write_request(req: EthosRequest, work: Path) -> Path:
     body = {"program": str(Path(req.program).resolve()), "accelerator": req.accelerator,
             "input_names": list((req.inputs or req.calibration)[0]), "system_config": req.system_config, "memory_mode": req.memory_mode, "per_channel": req.per_channel,
             "activations": req.activations,
-            "calibration": _npy_rows(req.calibration, work / "calibration", "cal"),
-            "inputs": _npy_rows(req.inputs, work / "inputs", "x"), "work_dir": str(work / "arm"),
+            "calibration": npy_rows(req.calibration, work / "calibration", "cal"),
+            "inputs": npy_rows(req.inputs, work / "inputs", "x"), "work_dir": str(work / "arm"),
             "outputs_dir": str(work / "outputs"), "reply": str(work / "reply.json"), "pte": str(Path(req.pte).resolve())}
     path = work / "request.json"
     path.write_text(json.dumps(body, indent=1))
     return path
-
-
-def _wait(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None]) -> int | None:
-    """The worker's exit code (None: killed after ``timeout_s``); each step it starts is told to ``on_step``."""
-    deadline, said = time.monotonic() + timeout_s, None
-    while True:
-        try:
-            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return None
-        try:
-            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
-        except (OSError, ValueError):
-            continue
-        if step and step != said:
-            on_step(f"ethos-u: {step}")
-            said = step
 
 
 def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float) -> BadInput:
@@ -201,7 +168,7 @@ def run_ethos(req: EthosRequest, work_dir: str | Path, *, timeout_s: float = 360
     with open(log, "w") as logf:
         proc = subprocess.Popen([str(py), "-I", str(WORKER), str(path)], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
-        rc = _wait(proc, timeout_s, reply_path, on_step)
+        rc = wait_for_worker(proc, timeout_s, reply_path, on_step, "ethos-u")
     wall = time.perf_counter() - t0
     reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
     if rc != 0 or not reply.get("ok"):

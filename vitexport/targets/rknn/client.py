@@ -29,13 +29,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal
 
 import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadInput, one_line
+from .._worker import npy_rows, wait_for_worker
 from ...graph.files import load_model
 from ...graph.macs import conv_groups
 from .graph import rknn_hazards
@@ -135,28 +136,14 @@ class RknnResult(BaseModel):
         return self.reply.get("seconds_per_sample")
 
 
-def _npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) -> list[list[str]]:
-    """One ``.npy`` per input and sample (the order of each feed: the model's input order)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, feed in enumerate(feeds):
-        row = []
-        for j, arr in enumerate(feed.values()):
-            path = folder / f"{tag}{i}_{j}.npy"
-            np.save(path, np.ascontiguousarray(arr))  # the input's own dtype (token ids stay int64)
-            row.append(str(path))
-        rows.append(row)
-    return rows
-
-
 def _write_request(req: RknnRequest, work: Path) -> Path:
     q = req.quantization
     body = {
         "onnx": str(Path(req.onnx).resolve()), "platform": req.platform, "config": req.config,
         "quantization": {"mode": q.mode, "ranges": {k: list(v) for k, v in q.ranges.items()}, "layers": q.layers,
-                         "dataset": _npy_rows(q.dataset, work / "dataset", "cal") if q.dataset else None},
+                         "dataset": npy_rows(q.dataset, work / "dataset", "cal") if q.dataset else None},
         "rknn": str(Path(req.rknn).resolve()) if req.rknn else None,
-        "inputs": _npy_rows(req.inputs, work / "inputs", "x"), "outputs_dir": str(work / "outputs"),
+        "inputs": npy_rows(req.inputs, work / "inputs", "x"), "outputs_dir": str(work / "outputs"),
         "work_dir": str(work / "rknn"), "reply": str(work / "reply.json"), "accuracy_analysis": None,
     }
     if req.accuracy_analysis:
@@ -251,27 +238,6 @@ def _rknn_groups(model) -> dict[str, int]:
     return groups
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None]) -> int | None:
-    """The worker's exit code (None: killed after ``timeout_s``); each step it starts (its reply names
-    the step before running it) is told to ``on_step`` within a second."""
-    deadline, said = time.monotonic() + timeout_s, None
-    while True:
-        try:
-            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return None
-        try:
-            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
-        except (OSError, ValueError):
-            continue  # not written yet
-        if step and step != said:
-            on_step(f"rknn-toolkit2: {step}")
-            said = step
-
-
 def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0,
              on_step: Callable[[str], None] = lambda doing: None) -> RknnResult:
     """Compile ``req.onnx`` with rknn-toolkit2 in its worker, simulate, and read back what happened.
@@ -298,7 +264,7 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     with open(log, "w") as logf:
         proc = subprocess.Popen([str(py), "-I", str(WORKER), str(path)], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
-        rc = _wait(proc, timeout_s, reply_path, on_step)
+        rc = wait_for_worker(proc, timeout_s, reply_path, on_step, "rknn-toolkit2")
     wall = time.perf_counter() - t0
     reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
     if rc != 0 or not reply.get("ok"):

@@ -1,0 +1,53 @@
+"""Shared machinery of the targets whose compiler lives in a venv of its own and runs in a worker process
+(``rknn/``, ``ethos_u/``): the request's sample files, and waiting on the worker while its reply names the
+step it is in."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["npy_rows", "wait_for_worker"]
+
+
+def npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) -> list[list[str]]:
+    """One ``.npy`` per input and sample (the order of each feed: the model's input order), in the input's own
+    dtype (token ids stay int64)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, feed in enumerate(feeds):
+        row = []
+        for j, arr in enumerate(feed.values()):
+            path = folder / f"{tag}{i}_{j}.npy"
+            np.save(path, np.ascontiguousarray(arr))
+            row.append(str(path))
+        rows.append(row)
+    return rows
+
+
+def wait_for_worker(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None],
+                    label: str) -> int | None:
+    """The worker's exit code (None: its process group killed after ``timeout_s``); each step it starts (its
+    reply names the step before running it) is told to ``on_step`` as ``"<label>: <step>"`` within a second."""
+    deadline, said = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+        try:
+            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
+        except (OSError, ValueError):
+            continue  # not written yet
+        if step and step != said:
+            on_step(f"{label}: {step}")
+            said = step
