@@ -1,6 +1,6 @@
 """Shared machinery of the targets whose compiler lives in a venv of its own and runs in a worker process
-(``rknn/``, ``ethos_u/``): the request's sample files, and waiting on the worker while its reply names the
-step it is in."""
+(``rknn/``, ``ethos_u/``): whether the venv can run, the request's sample files, and waiting on the worker
+while its reply names the step it is in."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["npy_rows", "wait_for_worker"]
+from ..errors import one_line
+
+__all__ = ["npy_rows", "wait_for_worker", "venv_missing"]
 
 
 def npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) -> list[list[str]]:
@@ -51,3 +53,15 @@ def wait_for_worker(proc: subprocess.Popen, timeout_s: float, reply_path: Path, 
         if step and step != said:
             on_step(f"{label}: {step}")
             said = step
+
+
+def venv_missing(py: Path, imports: str, tool: str, hint: str, timeout_s: float = 300.0) -> str | None:
+    """Why a worker venv's toolchain cannot run here (its interpreter ``py`` absent, or ``import <imports>``
+    failing in it), naming ``tool`` and ending with ``hint``; None when it can."""
+    if not py.is_file():
+        return f"{tool} is not installed ({py.parent.parent} does not exist): {hint}"
+    res = subprocess.run([str(py), "-I", "-c", f"import {imports}"], capture_output=True, text=True, timeout=timeout_s)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["?"])[-1]
+        return f"{tool} does not import in {py.parent.parent} ({one_line(last, 160)}): {hint}"
+    return None

@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadInput, one_line
-from .._worker import npy_rows, wait_for_worker
+from .._worker import npy_rows, venv_missing, wait_for_worker
 
 __all__ = ["EthosRequest", "EthosResult", "run_ethos", "ethos_python", "ethos_missing", "require_ethos", "WORKER",
            "SETUP_HINT", "ETHOS_VENV_ENV"]
@@ -53,15 +53,8 @@ def ethos_python() -> Path:
 
 def ethos_missing() -> str | None:
     """Why the toolchain cannot run here, or None when it can (one import of each tool, a few seconds)."""
-    py = ethos_python()
-    if not py.is_file():
-        return f"the Ethos-U toolchain is not installed ({py.parent.parent} does not exist): {SETUP_HINT}"
-    res = subprocess.run([str(py), "-I", "-c", "import ethosu.vela, tosa_reference_model, executorch.exir"],
-                         capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["?"])[-1]
-        return f"the Ethos-U toolchain does not import in {py.parent.parent} ({one_line(last, 160)}): {SETUP_HINT}"
-    return None
+    return venv_missing(ethos_python(), "ethosu.vela, tosa_reference_model, executorch.exir", "the Ethos-U toolchain",
+                        SETUP_HINT)
 
 
 def require_ethos() -> Path:

@@ -36,7 +36,7 @@ import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadInput, one_line
-from .._worker import npy_rows, wait_for_worker
+from .._worker import npy_rows, venv_missing, wait_for_worker
 from ...graph.files import load_model
 from ...graph.macs import conv_groups
 from .graph import rknn_hazards
@@ -60,14 +60,7 @@ def rknn_python() -> Path:
 
 def rknn_missing() -> str | None:
     """Why the toolchain cannot run here, or None when it can (one import, ~3 s)."""
-    py = rknn_python()
-    if not py.is_file():
-        return f"rknn-toolkit2 is not installed ({py.parent.parent} does not exist): {SETUP_HINT}"
-    res = subprocess.run([str(py), "-I", "-c", "import rknn.api"], capture_output=True, text=True, timeout=120)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["?"])[-1]
-        return f"rknn-toolkit2 does not import in {py.parent.parent} ({one_line(last, 160)}): {SETUP_HINT}"
-    return None
+    return venv_missing(rknn_python(), "rknn.api", "rknn-toolkit2", SETUP_HINT, timeout_s=120)
 
 
 def rknn_available() -> bool:
