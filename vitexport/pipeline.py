@@ -48,6 +48,7 @@ from .parity import GoldenReference, ParityRun, StageResult, capture_reference, 
 from .parity.advice import failure_advice
 from .parity.share import gate_int8_share
 from .parity.stage import mark_vacuous
+from .parity.tasks import check_label_maps
 from .progress import Heartbeat
 from .recipe import PASS_STAGES, STAGE_NAMES, Recipe, StageName
 from .runners import TorchRunner, feed_size
@@ -250,7 +251,7 @@ def run_pipeline(
         log(_stage_line(res, arts.stage_peak_bytes.get(stage.name), resumed))
         if not run.add(res):
             advice = failure_advice(res.stage, res.failed_check, recipe, calib_samples=len(calib),
-                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.labels),
+                                    labelled_calib=calib.labels is not None, labelled=_count(ctx.reference.class_labels),
                                     quantize=_quantize_details(run, res))
             run.notes.append(f"{res.stage} failed its gate; {advice}")
             moved = _reject(arts, state, res, files, [s.name for s in stages[i + 1:]])
@@ -302,6 +303,8 @@ def _begin(model: LoadedModel, target: RunTarget, out_dir: Path, parity_data: Sa
                                       source=parity_data.source, layers=True if layers else None)
     # every stage's check measures the task's metrics (parity.tasks), reading the outputs as the source says
     reference.meta.update(task=str(model.task), **model.task_options)
+    if reference.pixel_labels is not None:
+        check_label_maps(model.task, reference.outputs, reference.pixel_labels)
     reference.save(out_dir)
     arts.files["reference.npz"] = out_dir / "reference.npz"
     arts.outputs = {k: [batch, *v.shape[1:]] for k, v in reference.outputs.items()}

@@ -94,6 +94,7 @@ TASK_GATES: dict[str, float] = {
     "map_min": 0.995,
     "miou_min": 0.995,
     "pixel_agreement_min": 0.99,
+    "miou_labels_drop_max": 0.005,
     "abs_rel_max": 0.01,
     "delta1_min": 0.995,
 }
@@ -200,6 +201,11 @@ class Tolerance(_Spec):
         description="segment: least share of pixels whose argmax class is the FP32 one (near ties excused as for "
                     "miou_min); null: 0.99 on the INT8 stages (mIoU is the strict gate, small classes weighing as "
                     "much as large ones; this one catches a map that is wrong everywhere a little); 0: off")
+    miou_labels_drop_max: float | None = Field(
+        default=None, ge=0.0,
+        description="segment, when the parity data carries label maps 'y' [N, H, W]: largest drop of mIoU against "
+                    "the labels from the FP32 model's to the stage's; null: 0.005 on the INT8 stages (the 0.5-point "
+                    "loss a deployment accepts, as miou_min against FP32); .inf: off")
     abs_rel_max: float | None = Field(
         default=None, ge=0.0,
         description="depth: largest mean |d - d_fp32| / d_fp32 over pixels with a positive FP32 depth; null: 0.01 on "

@@ -248,6 +248,17 @@ def test_labels_must_be_class_indices(tmp_path, labels, message):
         load_samples(tmp_path / "d.npz", EX)
 
 
+def test_a_segmenters_label_maps_are_labels_too(tmp_path):
+    maps = np.random.default_rng(0).integers(0, 3, (4, 8, 8))
+    maps[0, 0, 0] = 255  # unlabelled
+    np.savez(tmp_path / "d.npz", x=_images(4), y=maps)
+    s = load_samples(tmp_path / "d.npz", EX, num_samples=2, seed=1)
+    assert s.labels.shape == (2, 8, 8) and s.labels.dtype == np.int64
+    np.savez(tmp_path / "e.npz", x=_images(4), y=np.zeros((4, 2, 8, 8), np.int64))
+    with pytest.raises(BadInput, match=r"'y' has shape \(4, 2, 8, 8\).*one label map \[N, H, W\] per sample"):
+        load_samples(tmp_path / "e.npz", EX)
+
+
 def test_integral_float_labels_become_integers(tmp_path):
     np.savez(tmp_path / "d.npz", x=_images(4), y=np.array([[0.0], [1.0], [2.0], [1.0]]))
     s = load_samples(tmp_path / "d.npz", EX)

@@ -41,7 +41,10 @@ def test_lazy_samples_match_eager_ones(tmp_path):
     idx = np.sort(np.random.default_rng(3).permutation(20)[:12])
     np.testing.assert_array_equal(rows, x[idx])
     assert lazy.labels.tolist() == idx.tolist()
-    assert lazy.fingerprint() == NpzSamples({"x": x[idx]}).fingerprint()
+    assert lazy.fingerprint() == NpzSamples({"x": x[idx]}, idx).fingerprint()
+    # other labels score other accuracies: a stage recorded under them must not be resumed
+    assert lazy.fingerprint() != NpzSamples({"x": x[idx]}, idx[::-1].copy()).fingerprint()
+    assert NpzSamples({"x": x[idx]}).fingerprint() not in (lazy.fingerprint(), NpzSamples({"x": x[idx]}, idx).fingerprint())
 
 
 def test_nan_in_any_row_is_refused(tmp_path):

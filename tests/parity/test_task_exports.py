@@ -96,6 +96,35 @@ def test_a_segmenter_is_gated_on_miou_and_shows_its_maps(tmp_path, capsys):
     assert "miou=" in stdout and "miou_gated=" in stdout  # the stage lines say it
 
 
+def test_a_segmenter_with_label_maps_is_scored_against_them_and_bad_maps_are_exit_2(tmp_path, capsys):
+    import numpy as np
+
+    folder = _segformer(tmp_path / "segformer")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 64, 64)).astype(np.float32)
+    y = np.repeat(np.repeat(rng.integers(0, 5, (8, 4, 4)), 16, 1), 16, 2)  # blocky 64x64 maps: 4x the logits' size
+    y[:, :2] = 255  # two unlabelled rows
+    np.savez(tmp_path / "parity.npz", pixel_values=x, y=y)
+    out = tmp_path / "orin"
+    rc = main(["export", "--model", f"hf:{folder}", "--target", "orin", "--out", str(out), *FAST,
+               "--parity-data", str(tmp_path / "parity.npz"), "--set", "parity.quantize_int8.miou_labels_drop_max=0.5"])
+    assert rc == 0, capsys.readouterr().err
+    q = _stage(out, "quantize_int8")
+    tm = q["task_metrics"]
+    assert 0 < tm["miou_labels"] < 1 and 0 < tm["reference_miou_labels"] < 1 and 0 < tm["pixel_accuracy_labels"] < 1
+    drop = next(c for c in q["checks"] if c["metric"] == "miou_labels_drop")
+    assert drop["limit"] == 0.5 and drop["value"] == pytest.approx(tm["reference_miou_labels"] - tm["miou_labels"])
+    assert "mIoU vs labels" in (out / "parity.md").read_text()
+    assert not any(c["metric"] == "miou_labels_drop" for c in _stage(out, "simplify")["checks"])  # float: ungated
+    y[0, 10, 10] = 7  # a class the 5-class model does not have
+    np.savez(tmp_path / "bad.npz", pixel_values=x, y=y)
+    rc = main(["export", "--model", f"hf:{folder}", "--target", "cpu", "--out", str(tmp_path / "o"), *FAST,
+               "--parity-data", str(tmp_path / "bad.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'y' holds class 7, but the model segments 5 classes" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_task_whose_outputs_the_model_lacks_is_exit_2(tmp_path, capsys):
     folder = _confident_yolos(tmp_path / "yolos")
     rc = main(["export", "--model", f"hf:{folder}", "--target", "cpu", "--out", str(tmp_path / "o"), "--task", "segment"])

@@ -8,8 +8,8 @@ from vitexport.errors import BadInput
 from vitexport.parity import check_stage
 from vitexport.parity.advice import failure_advice
 from vitexport.parity.reference import GoldenReference
-from vitexport.parity.tasks import (coco_map, depth_metrics, detection_metrics, embedding_metrics, segmentation_metrics,
-                                    task_checks, task_outputs)
+from vitexport.parity.tasks import (IGNORE_LABEL, check_label_maps, coco_map, depth_metrics, detection_metrics,
+                                    embedding_metrics, labels_miou, segmentation_metrics, task_checks, task_outputs)
 from vitexport.recipe import Int8Tolerance, Recipe, Tolerance
 
 from replay import replayed
@@ -93,6 +93,38 @@ def test_segment_maps_with_k_flipped_pixels():
         conf[r, o] += 1
     iou = np.diag(conf) / (conf.sum(0) + conf.sum(1) - np.diag(conf))
     assert m.miou == pytest.approx(iou.mean()) and m.classes == 3
+
+
+def test_segment_against_label_maps_upsamples_skips_unlabelled_and_gates_the_drop():
+    labels = np.zeros((1, 8, 8), np.int64)
+    labels[0, :, 4:] = 1  # left half class 0, right half class 1
+    labels[0, 0, 0] = IGNORE_LABEL  # nobody labelled this pixel
+    ref = np.zeros((1, 2, 4, 4))
+    ref[0, 0, :, :2] = ref[0, 1, :, 2:] = 5.0  # a half-resolution decoder that gets it right
+    out = ref.copy()
+    out[0, 0, :, 1], out[0, 1, :, 1] = 0.0, 5.0  # INT8 moves column 1 to class 1
+    assert labels_miou(ref, labels) == (1.0, 1.0)  # upsampled (bilinear) to the labels' 8x8 before the argmax
+    miou, acc = labels_miou(out, labels)
+    # upsampled, low-res column 1 decides full-res columns 2 and 3: 16 pixels wrong of 63 labelled
+    assert acc == pytest.approx(1 - 16 / 63)
+    assert miou == pytest.approx(np.mean([15 / 31, 32 / 48]))  # class 0 keeps 15 of its 31; class 1 gains 16
+    m = segmentation_metrics(ref, out, labels=labels)
+    assert m.reference_miou_labels == 1.0 and m.miou_labels_drop == pytest.approx(1 - miou)
+    tol = Int8Tolerance()
+    _, checks, _ = task_checks("segment", {"logits": ref}, {"logits": out}, tol, labels=labels)
+    drop = next(c for c in checks if c.metric == "miou_labels_drop")
+    assert drop.limit == 0.005 and not drop.passed
+    _, checks, notes = task_checks("segment", {"logits": ref}, {"logits": ref}, tol, labels=labels)
+    assert next(c for c in checks if c.metric == "miou_labels_drop").passed and not notes
+
+
+def test_label_maps_the_model_cannot_be_scored_on_are_bad_input():
+    ref = {"logits": np.zeros((2, 3, 4, 4))}
+    with pytest.raises(BadInput, match="holds class 7, but the model segments 3 classes"):
+        check_label_maps("segment", ref, np.full((2, 4, 4), 7))
+    check_label_maps("segment", ref, np.full((2, 4, 4), IGNORE_LABEL))  # unlabelled everywhere: fine
+    with pytest.raises(BadInput, match="the model's task is classify: label maps are a segmenter's"):
+        check_label_maps("classify", {"output": np.zeros((2, 3))}, np.zeros((2, 4, 4), np.int64))
 
 
 def test_segment_flips_on_near_ties_are_excused_as_top1_flips_are():

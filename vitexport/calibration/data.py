@@ -88,6 +88,15 @@ class _Head(SampleSet):
         return hashlib.sha256(f"{self.base.fingerprint()}:head{self.n}".encode()).hexdigest()[:16]
 
 
+def _hash_labels(h: "hashlib._Hash", labels: np.ndarray | None) -> None:
+    """Labels join a set's fingerprint (none: the fingerprint is the inputs' alone): other labels make
+    other accuracy and mIoU figures, so a stage recorded under them must run again."""
+    if labels is not None:
+        y = np.ascontiguousarray(labels, np.int64)
+        h.update(f"y:{y.shape}".encode())
+        h.update(y.tobytes())
+
+
 @dataclass
 class NpzSamples(SampleSet):
     arrays: dict[str, np.ndarray]
@@ -112,6 +121,7 @@ class NpzSamples(SampleSet):
             a = np.ascontiguousarray(self.arrays[k])
             h.update(f"{k}:{a.dtype.str}:{a.shape}".encode())
             h.update(a.tobytes())
+        _hash_labels(h, self.labels)
         return h.hexdigest()[:16]
 
 
@@ -222,6 +232,7 @@ class NpzFileSamples(SampleSet):
                 h.update(f"{k}:{self.dtypes[k].str}:{(len(self.index), *a.shape[1:])}".encode())
                 for i in range(0, len(self.index), _CHUNK):
                     h.update(np.ascontiguousarray(_take(a, self.index[i : i + _CHUNK]).astype(self.dtypes[k], copy=False)).tobytes())
+            _hash_labels(h, self.labels)
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
@@ -230,13 +241,14 @@ _CHUNK = 16  # rows per read when a whole file is streamed (validation, fingerpr
 
 
 def _check_labels(y: np.ndarray, p: Path) -> np.ndarray:
-    """Labels must be integer class indices, one per sample: string or fractional labels would
-    make every accuracy silently 0."""
+    """Labels must be integer class indices: one per sample, or a segmenter's label map per sample
+    [N, H, W] (255: a pixel nobody labelled, as ADE20K and Cityscapes mark it). String or fractional
+    labels would make every accuracy silently 0."""
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.ndim != 1:
+    if y.ndim not in (1, 3):
         raise BadInput(f"{p}: 'y' has shape {tuple(y.shape)}; labels must be one integer class index per sample "
-                       "(not one-hot)")
+                       "(not one-hot), or one label map [N, H, W] per sample for a segmenter")
     if y.dtype.kind in "iu" or y.dtype == np.bool_:
         pass
     elif y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
@@ -244,8 +256,9 @@ def _check_labels(y: np.ndarray, p: Path) -> np.ndarray:
     else:
         what = {"U": "strings", "S": "bytes", "O": "objects"}.get(y.dtype.kind, f"{y.dtype} values")
         raise BadInput(f"{p}: 'y' holds {what}; labels must be integer class indices (map class names to 0..K-1)")
-    if len(y) and y.min() < 0:
-        raise BadInput(f"{p}: 'y' holds negative labels ({int(y.min())}); labels must be class indices 0..K-1")
+    if y.size and y.min() < 0:
+        raise BadInput(f"{p}: 'y' holds negative labels ({int(y.min())}); labels must be class indices 0..K-1"
+                       + (" (255 marks an unlabelled pixel)" if y.ndim == 3 else ""))
     return y.astype(np.int64, copy=False)
 
 

@@ -45,7 +45,8 @@ class GoldenReference:
             for a model with one output, else every tensor output by its name (``logits``,
             ``pred_boxes``...); :attr:`primary` names the one the classification metrics read.
         feeds: the parity inputs, one dict per batch (input name → array).
-        labels: integer labels per sample, or None.
+        labels: integer labels per sample [N], a segmenter's label maps [N, H, W], or None
+            (:attr:`class_labels` / :attr:`pixel_labels` give each kind).
         source: what produced it (``'untouched torch model timm:vit_tiny...'``).
         layers: optional per-layer activations (module name → array) of the first
             ``layer_batches`` batches, in network order; used by :func:`localize_layers`.
@@ -71,6 +72,16 @@ class GoldenReference:
     def output(self) -> np.ndarray:
         """The primary output (``outputs[self.primary]``)."""
         return self.outputs[self.primary]
+
+    @property
+    def class_labels(self) -> np.ndarray | None:
+        """One integer class per sample (accuracy), or None (no labels, or label maps)."""
+        return self.labels if self.labels is not None and self.labels.ndim == 1 else None
+
+    @property
+    def pixel_labels(self) -> np.ndarray | None:
+        """A segmenter's label maps [N, H, W] (mIoU against labels), or None."""
+        return self.labels if self.labels is not None and self.labels.ndim == 3 else None
 
     @property
     def num_samples(self) -> int:
@@ -155,7 +166,7 @@ def capture_reference(
     Args:
         runner: usually a :class:`~vitexport.runners.TorchRunner` on the untouched module.
         samples_batches: the parity inputs, batch by batch (kept in the reference).
-        labels: optional integer labels, one per sample.
+        labels: optional integer labels, one per sample, or label maps [N, H, W] (a segmenter's).
         source: a description stored with the reference (``'untouched torch model <uri>'``).
         layers: also capture per-layer activations for localisation: ``True`` (the repeated
             blocks of a TorchRunner's module), a list of module names, or a layer probe
@@ -184,7 +195,8 @@ def capture_reference(
     outputs = {k: np.concatenate(v, axis=0) for k, v in outs.items()}
     n = outputs[primary_name(outputs)].shape[0]
     if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
+        labels = np.asarray(labels)
+        labels = labels if labels.ndim == 3 else labels.reshape(-1)
         if len(labels) != n:
             raise BadInput(f"{len(labels)} labels for {n} parity samples")
     for name, out in outputs.items():

@@ -331,7 +331,7 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
             continue
         mask = unmasked.get(name) if isinstance(unmasked, Mapping) else (unmasked if name == primary else None)
         cmp = compare(ref, out, _output_tolerance(tolerance, name, name == cls or not several),
-                      labels=reference.labels if name == cls or not several else None, unmasked=mask)
+                      labels=reference.class_labels if name == cls or not several else None, unmasked=mask)
         per[name] = cmp.metrics
         result.checks.extend(Check(f"{c.metric}{tag}", c.value, c.limit, c.op, c.passed) for c in cmp.checks)
         if name == primary:
@@ -340,7 +340,8 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
     result.metrics = per[primary]
     result.output_metrics = per if several else None
     result.task_metrics, checks, notes = task_checks(reference.meta.get("task"), reference.outputs, outs, tolerance,
-                                                     _image_input(reference), reference.meta.get("detect_scores", "softmax"))
+                                                     _image_input(reference), reference.meta.get("detect_scores", "softmax"),
+                                                     reference.pixel_labels)
     result.checks.extend(checks)
     result.notes.extend(notes)
     result.passed = all(c.passed for c in result.checks)

@@ -24,7 +24,11 @@ a gate's limit is the loss allowed:
   embeddings that the stage's embeddings also rank in their k nearest. Cosine per sample is the
   output gate's own.
 
-Labels (a COCO json beside the parity data) are not read yet: every figure is against FP32.
+Labels: a segmenter's parity ``.npz`` may carry label maps ``y`` [N, H, W] (255: unlabelled). Then the
+stage's and the reference's mIoU and pixel accuracy against them are measured too (logits upsampled
+bilinearly to the labels' size, as Hugging Face's SegFormer evaluation does), and the gate reads the
+drop: what INT8 lost against the truth, beside what it changed against FP32. A detector's labels (a
+COCO json) are not read yet.
 """
 from __future__ import annotations
 
@@ -36,12 +40,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..errors import BadInput
 from ..recipe import Task, Tolerance
 from .data import Sparse, result
 from .metrics import Check
 
 __all__ = ["TaskMetrics", "TASK_METRICS", "task_outputs", "task_checks", "detection_metrics", "segmentation_metrics",
-           "depth_metrics", "embedding_metrics", "coco_map", "DEFAULT_SCORE_MIN", "RECALL_K"]
+           "depth_metrics", "embedding_metrics", "coco_map", "labels_miou", "check_label_maps", "DEFAULT_SCORE_MIN", "RECALL_K",
+           "IGNORE_LABEL"]
 
 #: DETR's and YOLOS's own post-processing threshold (``Tolerance.detect_score_min`` null)
 DEFAULT_SCORE_MIN = 0.5
@@ -52,7 +58,10 @@ _BOX_SCALE = 1000.0  # normalised boxes scaled to a 1000-pixel image: COCO's are
 TASK_METRICS: dict[str, tuple[str, str]] = {
     "map": ("map_min", ">="), "miou_gated": ("miou_min", ">="), "pixel_agreement_gated": ("pixel_agreement_min", ">="),
     "abs_rel": ("abs_rel_max", "<="), "delta1": ("delta1_min", ">="), "recall_at_k": ("recall_at_k_min", ">="),
+    "miou_labels_drop": ("miou_labels_drop_max", "<="),
 }
+#: a label map's value for a pixel nobody labelled (ADE20K's and Cityscapes' convention)
+IGNORE_LABEL = 255
 
 
 @result
@@ -70,6 +79,8 @@ class TaskMetrics(Sparse):
         miou, pixel_agreement, classes: segment (classes present in either argmax map); ``*_gated``:
             flips on the reference's near ties excused (what the gates check), ``near_ties`` the share
             of such pixels (:func:`segmentation_metrics`).
+        miou_labels, pixel_accuracy_labels: segment, against the parity data's label maps; the
+            ``reference_*`` forms are the FP32 model's, ``miou_labels_drop`` the difference (gated).
         abs_rel, delta1: depth.
         recall_at_k, k: embed.
         note: why a figure is missing (no confident detection, non-finite outputs).
@@ -95,6 +106,11 @@ class TaskMetrics(Sparse):
     pixel_agreement_gated: float | None = None
     near_ties: float | None = None
     classes: int | None = None
+    miou_labels: float | None = None
+    pixel_accuracy_labels: float | None = None
+    reference_miou_labels: float | None = None
+    reference_pixel_accuracy_labels: float | None = None
+    miou_labels_drop: float | None = None
     abs_rel: float | None = None
     delta1: float | None = None
     recall_at_k: float | None = None
@@ -104,7 +120,7 @@ class TaskMetrics(Sparse):
 
     def short(self) -> str:
         """The headline figures for a terminal line (`` map=0.9981 box_iou=0.987``)."""
-        keys = {"detect": ("map", "box_iou_mean"), "segment": ("miou", "miou_gated"),
+        keys = {"detect": ("map", "box_iou_mean"), "segment": ("miou", "miou_gated", "miou_labels"),
                 "depth": ("abs_rel", "delta1"), "embed": ("recall_at_k",)}.get(self.task, ())
         return "".join(f" {k.removesuffix('_mean')}={getattr(self, k):.4f}" for k in keys if getattr(self, k) is not None)
 
@@ -285,13 +301,65 @@ def _miou(r: np.ndarray, o: np.ndarray, c: int) -> tuple[float, int]:
     return float((inter[present] / union[present]).mean()), int(present.sum())
 
 
-def segmentation_metrics(ref: np.ndarray, out: np.ndarray, z: float | None = None) -> TaskMetrics:
+def labels_miou(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """mIoU (classes present in the labels or the prediction) and pixel accuracy of ``logits``
+    [N, C, h, w] against label maps [N, H, W], over labelled pixels (not :data:`IGNORE_LABEL`).
+
+    Logits of another size than the labels are upsampled bilinearly first (Hugging Face's SegFormer
+    evaluation; a decoder at 1/4 resolution is scored at the labels' own).
+    Raises:
+        BadInput: a label outside the model's classes, or label maps of another sample count.
+    """
+    logits, labels = np.asarray(logits), np.asarray(labels)
+    c = logits.shape[1]
+    if labels.shape[0] != logits.shape[0]:
+        raise BadInput(f"{labels.shape[0]} label maps for {logits.shape[0]} samples")
+    known = labels != IGNORE_LABEL
+    if known.any() and int(labels[known].max()) >= c:
+        raise BadInput(f"label maps hold class {int(labels[known].max())}, but the logits have {c} classes")
+    if logits.shape[-2:] != labels.shape[-2:]:
+        import torch  # noqa: PLC0415 - only a segmenter's labels of another size need it
+
+        up = torch.nn.functional.interpolate(torch.from_numpy(np.ascontiguousarray(logits, np.float32)),
+                                             size=labels.shape[-2:], mode="bilinear", align_corners=False)
+        pred = up.argmax(1).numpy()
+    else:
+        pred = logits.argmax(1)
+    if not known.any():
+        return float("nan"), float("nan")
+    miou, _ = _miou(labels[known], pred[known], c)
+    return miou, float((labels[known] == pred[known]).mean())
+
+
+def check_label_maps(task: Task | str, outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
+    """Refuse label maps the model cannot be scored against, before any stage runs.
+
+    Raises:
+        BadInput: the task is not ``segment``, or a label is outside the segmenter's classes.
+    """
+    if Task(task) is not Task.segment:
+        raise BadInput(f"parity data 'y' holds label maps {list(labels.shape)}, but the model's task is {Task(task).value}: "
+                       "label maps are a segmenter's (give one class index per sample, or --task segment)")
+    try:
+        name = task_outputs(Task.segment, {k: v.shape for k, v in outputs.items()})[0]
+    except ValueError as exc:
+        raise BadInput(f"parity data 'y' holds label maps, but {exc}") from None
+    c, known = outputs[name].shape[1], labels != IGNORE_LABEL
+    if known.any() and int(labels[known].max()) >= c:
+        raise BadInput(f"parity data 'y' holds class {int(labels[known].max())}, but the model segments {c} classes "
+                       f"(0..{c - 1}; {IGNORE_LABEL} marks an unlabelled pixel): check the label maps match the model")
+
+
+def segmentation_metrics(ref: np.ndarray, out: np.ndarray, z: float | None = None,
+                         labels: np.ndarray | None = None) -> TaskMetrics:
     """Pixel agreement and mIoU of ``out``'s argmax over axis 1 against ``ref``'s.
 
     With ``z`` (``Tolerance.top1_margin_z``), also their *gated* forms: a pixel's flip counts only where
     the reference's top-1/top-2 logit margin exceeds ``z * sqrt(2) * sigma``, sigma the sample's RMS output
     error: the top-1 gate's rule (:mod:`.metrics`) per pixel. A boundary pixel whose classes FP32 itself
     nearly ties flips on any error at all; counting those gates on noise, not on what INT8 broke.
+    With ``labels`` (label maps [N, H, W]), also both maps' mIoU and pixel accuracy against them
+    (:func:`labels_miou`) and the mIoU drop.
     """
     c = ref.shape[1]
     ref, out = np.asarray(ref), np.asarray(out)
@@ -308,6 +376,13 @@ def segmentation_metrics(ref: np.ndarray, out: np.ndarray, z: float | None = Non
         gated = np.where(near, r, o)
         m.miou_gated, _ = _miou(r, gated, c)
         m.pixel_agreement_gated, m.near_ties = float((r == gated).mean()), float(near.mean())
+    if labels is not None:
+        m.miou_labels, m.pixel_accuracy_labels = labels_miou(out, labels)
+        m.reference_miou_labels, m.reference_pixel_accuracy_labels = labels_miou(ref, labels)
+        if math.isnan(m.miou_labels):
+            m.note = "the label maps mark every pixel unlabelled (255): nothing measured against them"
+        else:
+            m.miou_labels_drop = m.reference_miou_labels - m.miou_labels
     return m
 
 
@@ -400,21 +475,22 @@ def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np
 
 
 # --- the stage's task checks -----------------------------------------------------------------------------
-def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance, scores: str) -> TaskMetrics:
+def _measure(task: Task, ref: list[np.ndarray], out: list[np.ndarray], tolerance: Tolerance, scores: str,
+             labels: np.ndarray | None) -> TaskMetrics:
     if task is Task.detect:
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
         gated = (tolerance.task_limit("map_min") or 0.0) > 0  # COCOeval costs seconds: where it is gated
         return detection_metrics(ref[0], ref[1], out[0], out[1], score, scores, with_map=gated)
     if task is Task.segment:
-        return segmentation_metrics(ref[0], out[0], tolerance.top1_margin_z)
+        return segmentation_metrics(ref[0], out[0], tolerance.top1_margin_z, labels)
     if task is Task.depth:
         return depth_metrics(ref[0], out[0])
     return embedding_metrics(ref[0], out[0])
 
 
 def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
-                tolerance: Tolerance, image: np.ndarray | None = None, scores: str = "softmax"
-                ) -> tuple[TaskMetrics | None, list[Check], list[str]]:
+                tolerance: Tolerance, image: np.ndarray | None = None, scores: str = "softmax",
+                labels: np.ndarray | None = None) -> tuple[TaskMetrics | None, list[Check], list[str]]:
     """Measure ``task``'s metrics of one stage's outputs and gate them.
 
     Args:
@@ -423,6 +499,7 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         tolerance: the stage's contract (:meth:`~vitexport.recipe.Tolerance.task_limit` gives each limit).
         image: the parity samples' image input [N, C, H, W], drawn under a gated stage's picture.
         scores: a detector's class scores, ``softmax`` (a last "no object" class) or ``sigmoid``.
+        labels: the parity data's label maps [N, H, W] (a segmenter's), else None.
     Returns:
         (metrics or None, checks named ``map[logits,pred_boxes]`` where the model has several outputs
         (``miou`` where one), notes saying why nothing was measured).
@@ -438,7 +515,11 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         return None, [], []  # the output gate failed already (output_shape)
     if not all(np.isfinite(outs[n]).all() for n in names):
         return None, [], [f"task {task}: not measured: the outputs hold NaN/Inf"]
-    m = _measure(task, [reference[n] for n in names], [outs[n] for n in names], tolerance, scores)
+    notes = []
+    if labels is not None and task is not Task.segment:
+        notes.append(f"task {task}: the parity data's label maps are read by segmenters only; not used")
+        labels = None
+    m = _measure(task, [reference[n] for n in names], [outs[n] for n in names], tolerance, scores, labels)
     m.outputs = names
     tag = f"[{','.join(names)}]" if len(reference) > 1 else ""
     checks = []
@@ -450,4 +531,4 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
     if checks:  # a gated stage (INT8, an engine) is pictured; the float ones match the reference anyway
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
         m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score, scores)
-    return m, checks, [f"task {task}: {m.note}"] if m.note else []
+    return m, checks, notes + ([f"task {task}: {m.note}"] if m.note else [])

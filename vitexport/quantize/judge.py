@@ -122,8 +122,9 @@ class Judge:
         out_scr = None if self.ref_scr is None else _primary(sess, self.screen, i, self.profile.ran)
         del sess
         ref_scr = None if out_scr is None else self.ref_scr.reshape(out_scr.shape)
+        labels = self.select.labels  # a segmenter's label maps are the task gate's, not accuracy's
         return judge_outputs((self.ref_sel, out_sel), None if out_scr is None else (ref_scr, out_scr), self.tol, self.gate,
-                             self.select.labels)
+                             labels if labels is not None and labels.ndim == 1 else None)
 
 
 def judge_outputs(selection: tuple[np.ndarray, np.ndarray], screen: tuple[np.ndarray, np.ndarray] | None,

@@ -42,7 +42,7 @@ class QuantizeStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.labels)
+        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.class_labels)
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
         attention = ctx.target.attention_note(q.attention)
         notes = [*q.notes, *_predicted(q), *([attention] if attention else []), *_precision(q, int8, ctx.target),
