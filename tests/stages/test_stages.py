@@ -66,3 +66,40 @@ def test_engine_stage_builds_and_gates_the_engine(recipe, tmp_path):  # pragma: 
     stages = {s["stage"]: s for s in json.loads((tmp_path / "parity.json").read_text())["stages"]}
     assert stages["build_engine"]["engine"] == "tensorrt" and stages["build_engine"]["passed"]
     assert (tmp_path / "model.int8.plan").stat().st_size > 0
+
+
+_FLOAT64_SAMPLER = '''
+import torch
+import torch.nn.functional as F
+
+
+class Sampler(torch.nn.Module):
+    """Samples its input on a grid computed in float64, as Mask2Former's deformable attention does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        h = self.proj(x)
+        grid = torch.tanh(h[:, :2].permute(0, 2, 3, 1)).double()
+        return F.grid_sample(h.double(), grid, align_corners=False).float().mean((2, 3))
+
+
+def build():
+    torch.manual_seed(0)
+    return Sampler()
+'''
+
+
+def test_an_op_onnx_runtime_cannot_run_is_exit_2_naming_the_node(tmp_path, capsys):
+    from vitexport.cli import main
+
+    (tmp_path / "sampler.py").write_text(_FLOAT64_SAMPLER)
+    rc = main(["export", "--model", f"python:{tmp_path / 'sampler.py'}:build", "--input-shape", "1,3,8,8",
+               "--target", "cpu", "--out", str(tmp_path / "o"), "--set", "parity_data.synthetic_samples=4",
+               "--set", "calibration.num_samples=4"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "ONNX Runtime" in err and "has no CPU kernel for node '" in err and "GridSample-16 on float64 inputs" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()

@@ -8,6 +8,7 @@ calibrated with several sessions still holds its weights once.
 """
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,8 @@ from ..graph.files import as_model
 from ..graph.weights import weights_as_inputs
 from ..memory import release_memory
 
-__all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING"]
+__all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING",
+           "missing_kernel"]
 
 ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -154,3 +156,33 @@ class Session:
         full = {k: v for k, v in feed.items() if k in self.input_names}
         full.update(self.weights)
         return self.session.run(list(names) if names is not None else None, full)
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+
+def missing_kernel(exc: BaseException, model: str | Path) -> str | None:
+    """What a session's failure says ONNX Runtime lacks: ``"node 'X' (GridSample-16 on double inputs)"``,
+    or None when ``exc`` is another failure.
+
+    An exported model may use an op at a type the CPU provider has no kernel for (Mask2Former's
+    deformable attention samples in float64): that is the model's limit, not a bug of vitexport's.
+    """
+    found = _NO_KERNEL.search(str(exc))
+    if found is None:
+        return None
+    op, version, node = found.groups()
+    types: list[str] = []
+    try:
+        proto = onnx.shape_inference.infer_shapes(onnx.load(str(model), load_external_data=False))
+        known = {v.name: v.type.tensor_type.elem_type for v in (*proto.graph.value_info, *proto.graph.input)}
+        known.update({t.name: t.data_type for t in proto.graph.initializer})
+        nd = next((n for n in proto.graph.node if n.name == node), None)
+        for name in (nd.input if nd is not None else []):
+            if known.get(name):
+                types.append(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(known[name])).name)
+    except Exception:  # noqa: BLE001 - the types only enrich the message; the node and op are known
+        types = []
+    shown = sorted(set(types), key=types.index)
+    on = f" on {'/'.join(shown)} inputs" if shown else ""
+    return f"node '{node}' ({op}-{version}{on})"

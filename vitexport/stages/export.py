@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from ..errors import BadInput
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner
+from ..runners.sessions import missing_kernel
 from .base import FP32_ONNX, RAW_ONNX, RunContext, StageOutput, content_key, model_files, model_hash, module_hash, trim_memory
 
 __all__ = ["ExportStage", "SimplifyStage"]
@@ -37,7 +39,25 @@ class ExportStage:
                            details={"export": exp.to_dict()})
 
     def runner(self, ctx: RunContext, out: StageOutput):
-        return OnnxRuntimeRunner(out.files[RAW_ONNX], name=self.name)
+        return _ExportedRunner(out.files[RAW_ONNX], name=self.name)
+
+
+class _ExportedRunner(OnnxRuntimeRunner):
+    """The exported file's runner: an op ONNX Runtime has no kernel for is the model's limit (exit 2
+    naming the node), where on a file vitexport rewrote it would be vitexport's bug (exit 3)."""
+
+    def activate_impl(self) -> None:
+        try:
+            super().activate_impl()
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's pybind errors share no public base
+            what = missing_kernel(exc, self.model)
+            if what is None:
+                raise
+            import onnxruntime  # noqa: PLC0415 - only for the message's version
+
+            raise BadInput(f"{RAW_ONNX}: ONNX Runtime {onnxruntime.__version__} has no CPU kernel for {what}, and every "
+                           "stage's parity runs on it: make the model compute that op in float32 (or export without "
+                           "it, e.g. --outputs)") from None
 
 
 class SimplifyStage:
