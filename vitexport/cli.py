@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from typing import Iterator, Sequence
@@ -276,10 +278,29 @@ def _fail(exc: BaseException, verbose: bool) -> int:
     return err.exit_code
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, a CI runner, ``kill``) raises KeyboardInterrupt as Ctrl-C does, so the cleanup of
+    a run happens on both: a compiler worker is killed, not orphaned, and the exit is 130 ("interrupted").
+    Python's own SIGTERM action ends the process with no cleanup at all. Main thread only (signal's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    with _verbose_log(args.verbose), _one_line_warnings():
+    with _verbose_log(args.verbose), _one_line_warnings(), _terminate_as_interrupt():
         try:
             return args.func(args)
         except BaseException as exc:  # the one error boundary: every failure becomes an exit code

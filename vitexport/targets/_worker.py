@@ -3,6 +3,7 @@
 while its reply names the step it is in."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,21 +39,32 @@ def wait_for_worker(proc: subprocess.Popen, timeout_s: float, reply_path: Path, 
     """The worker's exit code (None: its process group killed after ``timeout_s``); each step it starts (its
     reply names the step before running it) is told to ``on_step`` as ``"<label>: <step>"`` within a second."""
     deadline, said = time.monotonic() + timeout_s, None
-    while True:
-        try:
-            return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return None
-        try:
-            step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
-        except (OSError, ValueError):
-            continue  # not written yet
-        if step and step != said:
-            on_step(f"{label}: {step}")
-            said = step
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    return None
+            try:
+                step = json.loads(reply_path.read_text()).get("stage")  # replaced whole by the worker (os.replace)
+            except (OSError, ValueError):
+                continue  # not written yet
+            if step and step != said:
+                on_step(f"{label}: {step}")
+                said = step
+    except BaseException:
+        # Ctrl-C, a SIGTERM (the CLI raises it as an interrupt) or an error here: the worker runs in a session of
+        # its own, so no signal of the user's reaches it; left alone it would compile on for minutes, orphaned
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def venv_missing(py: Path, imports: str, tool: str, hint: str, timeout_s: float = 300.0) -> str | None:
