@@ -55,6 +55,37 @@ def test_simplify_holds_weights_aside_and_puts_the_same_bytes_back(tmp_path):
     assert [i.name for i in out.graph.input] == ["x"]
 
 
+def _masked_softmax(cond: np.ndarray) -> onnx.ModelProto:
+    """Softmax(Where(cond, x @ w, -inf)): a DETR-style attention mask, here a constant condition."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")]
+    nodes = [helper.make_node("Constant", [], ["cond"], value=numpy_helper.from_array(cond, "c")),
+             helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("Where", ["cond", "s", "fill"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["output"], axis=-1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 8])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("cond,folded", [(np.ones((1, 1, 8), bool), True), (np.eye(4, 8, dtype=bool)[None] | True, True),
+                                         (np.arange(8) < 6, False)])
+def test_simplify_folds_a_where_whose_constant_condition_always_takes_one_branch(tmp_path, cond, folded):
+    import onnxruntime as ort
+
+    onnx.save(_masked_softmax(np.asarray(cond)), str(tmp_path / "raw.onnx"))
+    rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", load_target("cpu"))
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "fp32.onnx")).graph.node]
+    assert ("Where" not in ops) == folded
+    assert any("Where node(s) with a constant" in n for n in rep.notes) == folded
+    x = {"x": np.random.default_rng(1).standard_normal((1, 4, 8)).astype(np.float32)}
+    before, after = (ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]).run(None, x)[0]
+                     for f in ("raw.onnx", "fp32.onnx"))
+    np.testing.assert_array_equal(before, after)
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00\x01garbage", b"\x0a\xff\xff\xff\x0f"])
 def test_simplify_refuses_what_is_not_onnx(content, tmp_path):
     (tmp_path / "bad.onnx").write_bytes(content)

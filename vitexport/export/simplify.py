@@ -13,10 +13,12 @@ from collections import Counter
 from dataclasses import field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
 from ..graph.files import load_model, save_model
+from ..graph.query import const_array, static_shape
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..quiet import captured_output
 from ..check import CheckTarget, model_violations, run_checker
@@ -90,6 +92,30 @@ def _lift_folded_weights(model: ir.Model) -> int:
     return lifted
 
 
+def _fold_constant_where(model: ir.Model) -> int:
+    """Replace each ``Where`` whose condition is a constant, all true or all false, by the branch it
+    always takes (when that branch already has the output's shape).
+
+    A detector's ``pixel_mask`` is a fixed all-ones input here, so DETR-style attention masks export as
+    ``Where(true, scores, -inf)``: a no-op that onnxsim keeps (the scores are not constant) and
+    rknn-toolkit2's where/softmax quantization pass crashes on (Conditional DETR: IndexError). Exact.
+    Returns how many were folded."""
+    folded = 0
+    for node in list(model.graph):
+        if node.op_type != "Where" or node.outputs[0].is_graph_output():
+            continue
+        cond = const_array(node.inputs[0])
+        if cond is None or cond.dtype != np.bool_ or not (cond.all() or not cond.any()):
+            continue
+        taken = node.inputs[1] if cond.all() else node.inputs[2]
+        if taken is None or static_shape(taken) is None or static_shape(taken) != static_shape(node.outputs[0]):
+            continue
+        node.outputs[0].replace_all_uses_with(taken)
+        model.graph.remove(node, safe=True)
+        folded += 1
+    return folded
+
+
 def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
     # onnxsim records its options and the names of every removed node: run-specific noise in an
     # artifact a compiler reads; the report keeps the counts.
@@ -147,6 +173,8 @@ def simplify_onnx(
         violations = run_checker(proto)  # the weights held aside are typed graph inputs here
     if lifted := _lift_folded_weights(simplified):
         notes.append(f"{lifted} folded weight(s) onnxsim wrote as Constant nodes made initializers (the quantizer's weights)")
+    if wheres := _fold_constant_where(simplified):
+        notes.append(f"{wheres} Where node(s) with a constant all-true/all-false condition replaced by their branch")
     lowered = lower_to_allowed_ops(simplified, recipe.contract.allowed_ops)
     if lowered:
         notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
