@@ -2,7 +2,8 @@
 ViT with 10 detection tokens, 8-pixel patches) on :mod:`bench.dense` scenes of shapes, offline, on 1 thread, with
 Hugging Face's own DETR loss (Hungarian matching; class cross-entropy with "no object" weighted 0.1, L1 ×5 and
 GIoU ×2 on the normalised cx, cy, w, h boxes). :func:`bench.dense.build_yolos` draws the detection tokens apart:
-Hugging Face leaves them all zero, which no loss can undo (the earlier 0.001 mAP).
+Hugging Face leaves them all zero, which no loss can undo (the earlier 0.001 mAP). Measured with this fix, 3000 steps
+(20 min at load 18): held-out mAP 0.0007, loss on the DETR plateau (~3.85): the queries tile the image but do not read it.
 
 Writes to ``--out``: ``model/`` (a Hugging Face folder: ``hf:<out>/model``), ``calib.npz``, ``parity.npz``,
 ``score.npz`` (``x``), ``labels_*.npz`` and ``meta.json`` with the held-out COCO mAP against the labels.
