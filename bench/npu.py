@@ -197,7 +197,9 @@ def _acc(r: dict) -> str:
 def _task(r: dict) -> str:
     """A dense case's task figures in the top-1 / accuracy columns: vs FP32 and vs the labels (FP32's in brackets)."""
     if "map_vs_fp32" in r:
-        return (f"mAP {r['map_vs_fp32']:.3f} vs FP32 | mAP {r['map_labels']:.3f} ({r['fp32_map_labels']:.3f}) vs labels")
+        # None: FP32 made no detection at the score threshold, so there was nothing to score INT8's against
+        vs = "–" if r["map_vs_fp32"] is None else f"{r['map_vs_fp32']:.3f}"
+        return f"mAP {vs} vs FP32 | mAP {r['map_labels']:.3f} ({r['fp32_map_labels']:.3f}) vs labels"
     return f"mIoU {r['miou_vs_fp32']:.3f} vs FP32 | mIoU {r['miou_labels']:.3f} ({r['fp32_miou_labels']:.3f}) vs labels"
 
 

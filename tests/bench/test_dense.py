@@ -83,3 +83,17 @@ def test_segmentation_figures_vs_fp32_and_vs_labels():
     flipped[:, :, : s // 2] = flipped[:, ::-1, : s // 2]  # top half: classes swapped around
     worse = score_dense("segmentation", {"logits": flipped}, ref)
     assert worse["miou_vs_fp32"] < 0.9 and worse["miou_labels"] < same["miou_labels"]
+
+
+def test_yolos_detection_tokens_start_apart():
+    """Hugging Face leaves YOLOS's detection tokens all zero when built from a config: every query then predicts
+    the same box for ever (the detector that trained to mAP 0.001). build_yolos draws them apart."""
+    import torch
+
+    from bench.dense import build_yolos
+
+    model = build_yolos(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).eval()
+    with torch.no_grad():
+        tokens = model.vit(torch.from_numpy(scenes(2, 0)["x"])).last_hidden_state[0, -model.config.num_detection_tokens :]
+    # the detection tokens' last hidden states (what the heads read): all alike (distance 0) when left at zeros
+    assert torch.cdist(tokens, tokens).fill_diagonal_(1.0).min() > 0.1
