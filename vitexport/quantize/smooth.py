@@ -30,7 +30,8 @@ from ..graph.query import PASS_THROUGH_OPS, attr, const_array, is_const, static_
 from .spec import NodeKind, QuantPlan
 from .vfold import ValueFold, find_value_fold, is_attention_output
 
-__all__ = ["SiteKind", "SmoothSite", "find_sites", "compute_factors", "SmoothPass", "weight_in_out"]
+__all__ = ["SiteKind", "SmoothSite", "find_sites", "compute_factors", "factors_from", "one_sided", "SmoothPass",
+           "weight_in_out"]
 
 _MIN_S, _MAX_S = 1e-4, 1e4
 
@@ -246,10 +247,28 @@ def compute_factors(model: ir.Model, site: SmoothSite, act_absmax: np.ndarray, a
 
 
 def factors_from(x_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's factors, never below the median channel's (:func:`one_sided`)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s = np.power(x_amax, alpha) / np.power(w_amax, 1.0 - alpha)
     s = np.where((x_amax > 0) & (w_amax > 0) & np.isfinite(s), s, 1.0)
-    return np.clip(s, _MIN_S, _MAX_S).astype(np.float32)
+    return np.clip(one_sided(s), _MIN_S, _MAX_S).astype(np.float32)
+
+
+def one_sided(s: np.ndarray) -> np.ndarray:
+    """Factors raised to at least the median channel's: outlier channels are divided down to the typical
+    channel's range, quiet channels are never multiplied up past it.
+
+    Why: a channel quiet on the calibration data is not quiet on all data. A trained FFN's second Linear
+    reads neurons that fire on rare tokens only (all-MiniLM-L6-v2, layer 1: channel 1157 peaks at 0.56 on
+    all 128 calibration sentences, at 4.4 on one held-out sentence of 512); two-sided factors (α 0.95 there)
+    multiplied it by 3.6, so the per-tensor clip cut it at 0.35 in its own units, and that sentence's cosine
+    fell to 0.986. The factors are scale-free (a common factor moves between the activation's scale and the
+    per-channel weight scales), so "the median channel's" is the only level that means the typical channel.
+    Measured by the bench (orin, held-out split, worst / mean cosine): all-MiniLM-L6-v2 (512 sentences)
+    0.9862 / 0.9977 → 0.9942 / 0.9977 (NNCF 0.9925 / 0.9975, same run); the held-out generated ViTs gen11
+    0.9952 → 0.9975 worst and gen15 0.9980 → 0.9979 (NNCF 0.9922, 0.9895)."""
+    s = np.asarray(s)
+    return np.maximum(s, np.median(s)) if s.size else s
 
 
 class SmoothPass(GraphPass):
