@@ -35,6 +35,12 @@ _MASK_FLOOR = -1e4
 #: masked logits get the smallest unmasked logit seen in calibration minus this: exp(-12) ≈ 6e-6 of the
 #: least weight a real token gets, while the int8 range of the softmax input grows by 12 instead of 1e9
 _MASK_MARGIN = 12.0
+#: the smallest int16 activation scale the observers may pick. ExecuTorch's a16w8 default (2**-12) is a
+#: floor that makes every tensor span at least ±8: a LayerNorm's variance (0.0014 for the demo's CLS token
+#: in block 0, range 0.17) then lands in the first of the 256 segments of the int16 TOSA TABLE that computes
+#: rsqrt, whose linear interpolation from rsqrt(0) returned 953 for 26.7 (reference-model cosine 0.64 on a
+#: LayerNorm alone, 0.19 on the demo); 2**-24 leaves the observers' own range in charge
+_INT16_MIN_SCALE = 2.0 ** -24
 #: ops that carry data between delegates without arithmetic (placement is reported, not gated)
 _MOVES = ("quantize_per", "dequantize_per", "getitem", "view", "reshape", "permute", "transpose", "clone",
           "expand", "squeeze", "unsqueeze", "cat", "slice", "select", "_to_copy", "alias")
@@ -141,10 +147,14 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
     quantizer = EthosUQuantizer(spec)
     # int16 activations with int8 weights (Ethos-U's 16x8 kernels): LayerNorm, softmax and GELU keep their
     # resolution, at twice the feature-map bytes
-    config = get_symmetric_a16w8_quantization_config if req.get("activations") == "int16" else \
-        get_symmetric_quantization_config
-    quantizer.set_global(config(is_per_channel=req.get("per_channel", True)))
-    reply["activations"] = req.get("activations", "int8")
+    per_channel = req.get("per_channel", True)
+    if req.get("activations", "int16") == "int16":
+        config = get_symmetric_a16w8_quantization_config(is_per_channel=per_channel,
+                                                        epsilon=_INT16_MIN_SCALE)
+    else:
+        config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    quantizer.set_global(config)
+    reply["activations"] = req.get("activations", "int16")
     prepared = prepare_pt2e(gm, quantizer)
     names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
     with torch.no_grad():
