@@ -12,6 +12,7 @@ from vitexport.errors import BadInput, ParityFailure
 from vitexport.targets import load_recipe, target_class
 from vitexport.targets.ethos_u.client import ETHOS_VENV_ENV, EthosRequest, ethos_missing, require_ethos, run_ethos
 from vitexport.targets.ethos_u.stages import EthosUOptions, _check_fits, npu_report, npu_share
+from vitexport.targets.ethos_u.worker import calibrated_mask_fill
 
 
 class MaskedHead(torch.nn.Module):
@@ -112,6 +113,33 @@ def test_a_program_over_the_memory_configuration_fails_the_gate(compiled):
     with pytest.raises(ParityFailure) as err:
         _check_fits(report, EthosUOptions(flash_kib=report["flash_kib"] / 2))
     assert err.value.exit_code == 1 and "flash" in str(err.value) and "target_options.flash_kib" in str(err.value)
+
+
+class WhereHead(torch.nn.Module):
+    """vitexport's ``mask_to_where`` output: a constant keep mask applied with ``torch.where`` and finfo.min."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 6)
+        self.register_buffer("keep", torch.tensor([True] * 4 + [False] * 2))
+
+    def forward(self, x):
+        return torch.where(self.keep, self.fc(x), torch.finfo(torch.float32).min).softmax(-1)
+
+
+def test_a_constant_mask_where_becomes_arithmetic_the_npu_runs():
+    """ExecuTorch's Ethos-U partitioner refuses a where with a scalar fill: each masked softmax of the demo
+    went to the CPU, cutting it into 5 partitions. The worker rewrites it as x * keep + fill * (1 - keep)."""
+    torch.manual_seed(0)
+    model, x = WhereHead().eval(), torch.randn(4, 3, 8)
+    gm = torch.export.export(model, (x[:1],)).module()
+    done = calibrated_mask_fill(gm, [(x[i:i + 1],) for i in range(len(x))])
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert not any("where" in o for o in ops) and "aten.mul.Tensor" in ops and "aten.add.Tensor" in ops
+    assert len(done) == 1 and done[0]["where"] and -100 < done[0]["fill"] < 0
+    with torch.no_grad():
+        got, want = gm(x[1:2]), model(x[1:2])
+    assert torch.allclose(got, want, atol=1e-5) and float(got[..., 4:].max()) < 1e-4
 
 
 def test_a_missing_venv_names_make_setup_ethos(tmp_path, monkeypatch):
