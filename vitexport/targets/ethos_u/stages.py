@@ -105,6 +105,7 @@ def npu_report(res: EthosResult, accelerator: str) -> dict:
         "cpu_compute_ops": [f"{c['op']}:{c['node']}" for c in cpu],
         "cpu_moves": [f"{c['op']}:{c['node']}" for c in res.cpu_ops if c["moves"]],
         "mask_fill": res.reply.get("mask_fill", []), "activations": res.reply.get("activations", "int16"),
+        "int8_ops": res.reply.get("int8_ops", []),
         "compile_seconds": round(sum(res.stages.get(k, 0.0) for k in ("quantize", "lower", "vela")), 2),
         "reference_ms_per_sample": round(1e3 * (res.reply.get("seconds_per_sample") or 0.0), 2),
     }
@@ -129,8 +130,9 @@ def _notes(r: dict) -> list[str]:
              f"cycles = {r['latency_ms']:.3f} ms per inference at {r['clock_hz'] / 1e6:.0f} MHz; SRAM "
              f"{r['sram_kib']:.1f} KiB, flash {r['flash_kib']:.1f} KiB; {r['partitions']} NPU partition(s), "
              f"{r['npu_ops']} NPU ops, compute ops on the CPU: {', '.join(r['cpu_compute_ops']) or 'none'}",
-             f"quantized by ExecuTorch's EthosUQuantizer ({r['activations']} activations, int8 weights) on vitexport's "
-             f"calibration samples and compiled in "
+             f"quantized by ExecuTorch's EthosUQuantizer ({r['activations']} activations, int8 weights"
+             f"{'; int8 inputs for ' + '/'.join(r['int8_ops']) + ', which this NPU multiplies in int8 only' if r['int8_ops'] else ''}"
+             f") on vitexport's calibration samples and compiled in "
              f"{r['compile_seconds']:.1f} s; the TOSA reference model ran {r['reference_ms_per_sample']:.1f} ms per sample"]
     if r["mask_fill"]:
         lines.append(f"attention masks' minus infinity calibrated to the logits' range before quantization "

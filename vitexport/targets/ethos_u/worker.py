@@ -188,6 +188,11 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
     else:
         config = get_symmetric_quantization_config(is_per_channel=per_channel)
     quantizer.set_global(config)
+    if req.get("activations", "int16") == "int16" and "u55" in req["accelerator"]:
+        # Ethos-U55 multiplies two activations (attention's matmuls) in int8 only: int16 leaves them on the CPU
+        for op in (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default, torch.ops.aten.mm.default):
+            quantizer.set_node_target(op, get_symmetric_quantization_config(is_per_channel=per_channel))
+        reply["int8_ops"] = ["bmm", "matmul", "mm"]
     reply["activations"] = req.get("activations", "int16")
     prepared = prepare_pt2e(gm, quantizer)
     names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
