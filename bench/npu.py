@@ -46,7 +46,7 @@ from vitexport.targets.rknn.client import RknnRequest, run_rknn
 from vitexport.targets.rknn.routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
 
 __all__ = ["main", "RKNN_SETS", "OV_SETS", "ETHOS_SETS", "CASE_MODELS", "bench_model", "bench_openvino", "bench_ethos",
-           "render_ethos"]
+           "ethos_row", "render_ethos"]
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "npu"
@@ -206,14 +206,18 @@ def bench_ethos(key: str, samples: int) -> dict:
     info = _prepare(key, samples, samples)
     out = WORK / f"ethos-{key}" / "export"
     t0 = time.perf_counter()
-    row: dict = {"n": info["n"]}
+    code, error = 0, None
     try:
         export(info["uri"], "ethos-u85", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
                overrides=[*ETHOS_SETS, f"parity_data.num_samples={info['n']}"], resume=True)
-        row["exit"] = 0
     except VitexportError as exc:
-        row["exit"], row["error"] = exc.exit_code, str(exc)
-    row["wall_s"] = time.perf_counter() - t0
+        code, error = exc.exit_code, str(exc)
+    return ethos_row(out, info["n"], code, time.perf_counter() - t0, error)
+
+
+def ethos_row(out: Path, n: int, code: int, wall_s: float, error: str | None = None) -> dict:
+    """One Ethos-U export's figures from its ``parity.json``: each stage's parity, Vela's report, the NPU share."""
+    row: dict = {"n": n, "exit": code, "wall_s": wall_s, **({"error": error} if error else {})}
     doc = json.loads((out / "parity.json").read_text()) if (out / "parity.json").is_file() else {"stages": []}
     stages = {s["stage"]: s for s in doc["stages"]}
     for name in ("quantize_int8", "build_engine", "simulate"):
