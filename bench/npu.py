@@ -1,8 +1,14 @@
-"""NPU bench (issue 20): RKNN's own quantizer vs vitexport's routes on RKNN's x86 simulator, and
-OpenVINO INT8 vs FP32 on its CPU plugin -> bench/results-npu.md.
+"""NPU bench (issue 20): RKNN's own quantizer vs vitexport's routes on RKNN's x86 simulator,
+OpenVINO INT8 vs FP32 on its CPU plugin, and Arm Ethos-U85 (issue 32) -> bench/results-npu.md.
 
     python -m bench.npu [--models demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin] [--samples 32]
                         [--trained-samples 256] [--ov-models vit_tiny,vit_small,demo,digits_vit,text_encoder]
+                        [--ethos-models demo,digits_vit] [--ethos-samples 128]
+
+``--models '' --ov-models ''`` runs only the Ethos-U models and replaces that section of the file.
+Ethos-U85: ``vitexport export --target ethos-u85`` as it ships (ExecuTorch's quantizer on the case's
+calibration split, Vela, the TOSA reference model), its parity data being the case's ``score`` split,
+which ExecuTorch's quantizer never sees; the figures are the export's own report (``parity.json``).
 
 Models: random-weight timm ViT-Tiny and a shrunk Swin-T, and the trained ones as issue 19's bench
 cases (:data:`CASE_MODELS`, :mod:`bench.cases`: trained once by ``scripts/train_*.py`` and cached in
@@ -33,13 +39,14 @@ from vitexport.api import export
 from vitexport.runners import OnnxRuntimeRunner
 from vitexport.targets.openvino.runner import OpenVinoRunner
 from vitexport.runners.sessions import QDQ_AS_FLOAT
-from vitexport.errors import BadInput
+from vitexport.errors import BadInput, VitexportError
 from vitexport.graph.split import split_integer_prefix
 from vitexport.targets.rknn.rk3588 import Rk3588Target
 from vitexport.targets.rknn.client import RknnRequest, run_rknn
 from vitexport.targets.rknn.routes import ROUTES, float_for_rknn, qdq_for_rknn, route_quantization
 
-__all__ = ["main", "RKNN_SETS", "OV_SETS", "CASE_MODELS", "bench_model", "bench_openvino"]
+__all__ = ["main", "RKNN_SETS", "OV_SETS", "ETHOS_SETS", "CASE_MODELS", "bench_model", "bench_openvino", "bench_ethos",
+           "ethos_row", "render_ethos"]
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "npu"
@@ -49,6 +56,9 @@ CASES_WORK = REPO / "bench" / "work"
 RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
 #: the openvino recipe as it ships; the bench runs both files on the CPU plugin itself
 OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
+#: the ethos-u85 recipe as it ships (its worker runs the reference model on every parity sample: ~1 s each on 2 cores)
+ETHOS_SETS = ["quantization.measure_latency=false"]
+ETHOS_TITLE = "## Arm Ethos-U85-256 (issue 32)"
 #: the trained models, as issue 19's bench cases (bench/cases.py): the demo, a digits ViT, a text encoder
 #: with a padding mask and mean pooling (scored through its trained topic head), a shifted-window Swin
 CASE_MODELS = ("demo", "digits_vit", "text_encoder", "photo_swin", "minilm", "mpnet", "shapes_yolos", "shapes_segformer",
@@ -190,6 +200,76 @@ def bench_openvino(key: str, samples: int, trained_samples: int) -> dict:
     return row
 
 
+def bench_ethos(key: str, samples: int) -> dict:
+    """``vitexport export --target ethos-u85`` on one trained case, gated on ``samples`` of its score split;
+    the figures read back from the export's ``parity.json`` (a failed gate's too)."""
+    info = _prepare(key, samples, samples)
+    out = WORK / f"ethos-{key}" / "export"
+    t0 = time.perf_counter()
+    code, error = 0, None
+    try:
+        export(info["uri"], "ethos-u85", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
+               overrides=[*ETHOS_SETS, f"parity_data.num_samples={info['n']}"], resume=True)
+    except VitexportError as exc:
+        code, error = exc.exit_code, str(exc)
+    return ethos_row(out, info["n"], code, time.perf_counter() - t0, error)
+
+
+def ethos_row(out: Path, n: int, code: int, wall_s: float, error: str | None = None) -> dict:
+    """One Ethos-U export's figures from its ``parity.json``: each stage's parity, Vela's report, the NPU share."""
+    row: dict = {"n": n, "exit": code, "wall_s": wall_s, **({"error": error} if error else {})}
+    doc = json.loads((out / "parity.json").read_text()) if (out / "parity.json").is_file() else {"stages": []}
+    stages = {s["stage"]: s for s in doc["stages"]}
+    for name in ("quantize_int8", "build_engine", "simulate"):
+        if name in stages:
+            row[name] = {k: stages[name]["metrics"].get(k) for k in ("cosine_min", "cosine_mean", "top1_agreement", "accuracy",
+                                                                      "reference_accuracy")}
+    build = stages.get("build_engine", {})
+    row["runtime"] = (build.get("details") or {}).get("runtime", {})
+    row["int8_share"] = next((c["value"] for c in build.get("checks", []) if c["metric"] == "int8_share"), None)
+    row["seconds"] = {k: round(v.get("seconds") or 0.0, 1) for k, v in stages.items()}
+    return row
+
+
+def _cell(r: dict | None, key: str, fmt: str = ".4f") -> str:
+    v = (r or {}).get(key)
+    return "" if v is None else format(v, fmt)
+
+
+def render_ethos(ethos: dict) -> list[str]:
+    """The Ethos-U85 section: the export's exit code, reference-model parity, NPU share, Vela's estimates."""
+    lines = [ETHOS_TITLE, "",
+             "`vitexport export --target ethos-u85` as it ships (int16 activations, int8 weights: ExecuTorch 1.5.1's "
+             "EthosUQuantizer on the case's calibration split, EthosUPartitioner → TOSA → Vela 5.2.0, system config "
+             "Ethos_U85_SYS_DRAM_Mid / Sram_Only), gated on the case's score split, which ExecuTorch's quantizer never "
+             "sees. ref model = the quantized program on the TOSA reference model (tosa-tools 2026.8.0); quantized = "
+             "ExecuTorch's quantized program in torch; NPU share = multiply-accumulates in Vela's partitions / all; "
+             "cycles and latency are Vela's estimates for one inference.", "",
+             "| model | held-out | exit | ref model cos min | cos mean | top-1 agree | accuracy (FP32) | quantized cos min "
+             "| NPU share | CPU compute ops | Vela cycles | est. latency ms | SRAM KiB | flash KiB | export s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in ethos.items():
+        sim, rt = r.get("simulate"), r.get("runtime") or {}
+        acc = f"{sim['accuracy']:.3f} ({sim['reference_accuracy']:.3f})" if sim and sim.get("accuracy") is not None else ""
+        share = "" if r.get("int8_share") is None else f"{r['int8_share']:.1%}"
+        cpu = ", ".join(rt.get("cpu_compute_ops", [])) or ("none" if rt else "")
+        lines.append(f"| {_title(key)} | {r['n']} | {r['exit']} | {_cell(sim, 'cosine_min')} | {_cell(sim, 'cosine_mean')} | "
+                     f"{_cell(sim, 'top1_agreement', '.3f')} | {acc} | {_cell(r.get('build_engine'), 'cosine_min')} | {share} | "
+                     f"{cpu} | {_cell(rt, 'npu_cycles', ',')} | {_cell(rt, 'latency_ms', '.3f')} | {_cell(rt, 'sram_kib', '.1f')} "
+                     f"| {_cell(rt, 'flash_kib', '.1f')} | {r['wall_s']:.0f} |")
+        if r.get("error"):
+            lines.append(f"| ↳ {r['error'][:200]} |" + " |" * 14)
+    return [*lines, ""]
+
+
+def _splice(text: str, section: list[str]) -> str:
+    """``text`` with its Ethos-U section replaced by ``section`` (appended when it has none)."""
+    head, found, tail = text.partition(ETHOS_TITLE)
+    i = tail.find("\n## ") if found else -1
+    rest = tail[i + 1:] if i >= 0 else ""
+    return head.rstrip("\n") + "\n\n" + "\n".join(section) + ("\n" + rest if rest else "")
+
+
 def _acc(r: dict) -> str:
     return f"{r['accuracy']:.3f} ({r['fp32_accuracy']:.3f})" if "accuracy" in r else ""
 
@@ -213,7 +293,7 @@ def _fmt(r: dict) -> str:
             f"{r['compile_s']:.1f} | {r['sim_ms']:.1f} |")
 
 
-def render(results: dict, ov: dict, samples: int, trained_samples: int) -> str:
+def render(results: dict, ov: dict, samples: int, trained_samples: int, ethos: dict | None = None) -> str:
     lines = ["# NPU bench (issue 20)", "",
              f"Regenerate: `python -m bench.npu` (needs `make setup-rknn`; `make bench` runs it too). Parity vs the torch "
              f"model's outputs on held-out inputs: {samples} per random-weight model (the export gates on the same ones); "
@@ -247,6 +327,8 @@ def render(results: dict, ov: dict, samples: int, trained_samples: int) -> str:
             lines.append(f"| {_title(key)} | {r['n']} | {r['fp32']['cos_min']:.4f} | {r['int8']['cos_min']:.4f} | "
                          f"{fig} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
                          f"{r['int8']['latency_ms']:.1f} | {r['speedup']:.2f}x |")
+    if ethos:
+        lines += ["", *render_ethos(ethos)]
     return "\n".join(lines) + "\n"
 
 
@@ -258,13 +340,21 @@ def main(argv: list[str] | None = None) -> int:
                                          "photo_mobilevit,photo_effvit")
     ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
     ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")
+    ap.add_argument("--ethos-models", default="demo,digits_vit", help="trained cases exported with --target ethos-u85")
+    ap.add_argument("--ethos-samples", type=int, default=128,
+                    help="score-split inputs per Ethos-U model (the TOSA reference model takes ~1 s each on 2 cores)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results-npu.md"))
     a = ap.parse_args(argv)
     results = {k: bench_model(k, a.samples, a.trained_samples) for k in a.models.split(",") if k}
     ov = {k: bench_openvino(k, a.samples, a.trained_samples) for k in a.ov_models.split(",") if k}
+    ethos = {k: bench_ethos(k, a.ethos_samples) for k in a.ethos_models.split(",") if k}
     WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "results.json").write_text(json.dumps({"rknn": results, "openvino": ov}, indent=1, default=str))
-    Path(a.out).write_text(render(results, ov, a.samples, a.trained_samples))
+    (WORK / "results.json").write_text(json.dumps({"rknn": results, "openvino": ov, "ethos": ethos}, indent=1, default=str))
+    out = Path(a.out)
+    if not results and not ov and out.is_file():  # the Ethos-U models alone: only their section is rewritten
+        out.write_text(_splice(out.read_text(), render_ethos(ethos)))
+    else:
+        out.write_text(render(results, ov, a.samples, a.trained_samples, ethos))
     print(Path(a.out).read_text())
     return 0
 

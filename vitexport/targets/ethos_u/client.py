@@ -77,8 +77,8 @@ class EthosRequest(BaseModel):
     system_config: str | None = None
     memory_mode: str | None = None
     per_channel: bool = True
-    #: ``int8`` or ``int16`` activations (weights int8 either way)
-    activations: str = "int8"
+    #: ``int16`` or ``int8`` activations (weights int8 either way; see ``EthosUOptions.activations``)
+    activations: str = "int16"
     calibration: list[dict[str, np.ndarray]] = Field(default_factory=list)
     inputs: list[dict[str, np.ndarray]] = Field(default_factory=list)
     #: where the ``.pte`` is written

@@ -5,7 +5,8 @@ The toolchain (executorch 1.5.1, ethos-u-vela 5.2.0, tosa-tools) lives in a venv
 (``make setup-ethos``: tosa-tools pins numpy<2.2 and flatbuffers 25.2) and runs in a worker process
 (:mod:`.client`, :mod:`.worker`). The route, measured on the demo (``bench/results-npu.md``): vitexport's
 torch passes, then ExecuTorch's pt2e ``EthosUQuantizer`` calibrated on vitexport's calibration samples
-(symmetric int8, per-channel weights), ``EthosUPartitioner`` → TOSA → Vela. The other route the issue
+(int16 activations, per-channel int8 weights: with int8 activations ExecuTorch's own quantized demo
+scores worst cosine 0.33), ``EthosUPartitioner`` → TOSA → Vela. The other route the issue
 names, vitexport's Q/DQ ONNX as INT8 TFLite for Vela, has no converter that installs without TensorFlow.
 The target owns
 - the accelerator Vela compiles for (``ethos-u85-256``, ``ethos-u55-128``) and its system configuration

@@ -35,6 +35,12 @@ _MASK_FLOOR = -1e4
 #: masked logits get the smallest unmasked logit seen in calibration minus this: exp(-12) ≈ 6e-6 of the
 #: least weight a real token gets, while the int8 range of the softmax input grows by 12 instead of 1e9
 _MASK_MARGIN = 12.0
+#: the smallest int16 activation scale the observers may pick. ExecuTorch's a16w8 default (2**-12) is a
+#: floor that makes every tensor span at least ±8: a LayerNorm's variance (0.0014 for the demo's CLS token
+#: in block 0, range 0.17) then lands in the first of the 256 segments of the int16 TOSA TABLE that computes
+#: rsqrt, whose linear interpolation from rsqrt(0) returned 953 for 26.7 (reference-model cosine 0.64 on a
+#: LayerNorm alone, 0.19 on the demo); 2**-24 leaves the observers' own range in charge
+_INT16_MIN_SCALE = 2.0 ** -24
 #: ops that carry data between delegates without arithmetic (placement is reported, not gated)
 _MOVES = ("quantize_per", "dequantize_per", "getitem", "view", "reshape", "permute", "transpose", "clone",
           "expand", "squeeze", "unsqueeze", "cat", "slice", "select", "_to_copy", "alias")
@@ -95,12 +101,16 @@ def calibrated_mask_fill(gm, samples) -> list[dict]:
     if not sites:
         return []
     lows: dict = {}
+    conds = {node.args[0]: None for node, _, _ in sites if node.target is not torch.ops.aten.add.Tensor
+             and _is_constant(node.args[0])}
 
     class Watch(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
             if any(n is d for _, _, d in sites) and isinstance(out, torch.Tensor):
                 lows[n] = min(lows.get(n, float("inf")), float(out.min()))
+            if n in conds:
+                conds[n] = out
             return out
 
     with torch.no_grad():
@@ -118,8 +128,38 @@ def calibrated_mask_fill(gm, samples) -> list[dict]:
         else:
             node.args = tuple(fill if j == i else a for j, a in enumerate(node.args))
         done.append({"node": node.name, "fill": round(fill, 3)})
+        if conds.get(node.args[0]) is not None:
+            _where_as_arithmetic(gm, node, conds[node.args[0]], fill)
+            done[-1]["where"] = "x * keep + fill * (1 - keep)"
+    gm.graph.eliminate_dead_code()
     gm.recompile()
     return done
+
+
+def _is_constant(node) -> bool:
+    """Whether ``node`` depends on no input of the program (a mask built from buffers)."""
+    return getattr(node, "op", None) == "get_attr" or (
+        getattr(node, "op", None) == "call_function" and all(_is_constant(a) for a in node.all_input_nodes))
+
+
+def _where_as_arithmetic(gm, node, keep, fill: float) -> None:
+    """``where(keep, x, fill)`` with a constant ``keep`` → ``x * keep + fill * (1 - keep)``, the same numbers:
+    ExecuTorch's partitioner takes a where only when both values come from int tensors or dequantize nodes,
+    so vitexport's ``mask_to_where`` (a scalar fill) left each block's masked softmax on the CPU and cut the
+    demo into 5 NPU partitions; a multiply and an add by constants run on the NPU."""
+    import torch
+
+    keep = keep.to(torch.float32)
+    name = node.name
+    gm.register_buffer(f"{name}_keep", keep)
+    gm.register_buffer(f"{name}_fill", (1.0 - keep) * fill)
+    with gm.graph.inserting_before(node):
+        k, b = gm.graph.get_attr(f"{name}_keep"), gm.graph.get_attr(f"{name}_fill")
+        kept = gm.graph.call_function(torch.ops.aten.mul.Tensor, (node.args[1], k))
+        out = gm.graph.call_function(torch.ops.aten.add.Tensor, (kept, b))
+    out.meta = dict(node.meta)
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
 
 
 def _quantize(req: dict, st: dict, reply: dict) -> None:
@@ -141,10 +181,19 @@ def _quantize(req: dict, st: dict, reply: dict) -> None:
     quantizer = EthosUQuantizer(spec)
     # int16 activations with int8 weights (Ethos-U's 16x8 kernels): LayerNorm, softmax and GELU keep their
     # resolution, at twice the feature-map bytes
-    config = get_symmetric_a16w8_quantization_config if req.get("activations") == "int16" else \
-        get_symmetric_quantization_config
-    quantizer.set_global(config(is_per_channel=req.get("per_channel", True)))
-    reply["activations"] = req.get("activations", "int8")
+    per_channel = req.get("per_channel", True)
+    if req.get("activations", "int16") == "int16":
+        config = get_symmetric_a16w8_quantization_config(is_per_channel=per_channel,
+                                                        epsilon=_INT16_MIN_SCALE)
+    else:
+        config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    quantizer.set_global(config)
+    if req.get("activations", "int16") == "int16" and "u55" in req["accelerator"]:
+        # Ethos-U55 multiplies two activations (attention's matmuls) in int8 only: int16 leaves them on the CPU
+        for op in (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default, torch.ops.aten.mm.default):
+            quantizer.set_node_target(op, get_symmetric_quantization_config(is_per_channel=per_channel))
+        reply["int8_ops"] = ["bmm", "matmul", "mm"]
+    reply["activations"] = req.get("activations", "int16")
     prepared = prepare_pt2e(gm, quantizer)
     names = req["input_names"]  # the program takes the model's inputs by name, as vitexport calls it
     with torch.no_grad():
@@ -245,25 +294,68 @@ def _placement(st: dict, reply: dict) -> None:
                              if "executorch_call_delegate" in str(getattr(n, "target", "")))
 
 
+def _tosa_inputs(buf: bytes) -> tuple[list[str], list[tuple[int, ...]]]:
+    """A TOSA file's input names and shapes (its main block's)."""
+    from tosa import TosaGraph
+
+    blk = TosaGraph.TosaGraph.GetRootAs(buf, 0).Regions(0).Blocks(0)
+    shapes = {}
+    for i in range(blk.TensorsLength()):
+        t = blk.Tensors(i)
+        shapes[t.Name().decode()] = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    names = [blk.Inputs(i).decode() for i in range(blk.InputsLength())]
+    return names, [shapes.get(n, ()) for n in names]
+
+
+def _delegate_graphs(ep, files: list[str]) -> dict[str, tuple[bytes, list[int]]]:
+    """Each delegate call's TOSA (by the call node's name) and which of its arguments feeds each TOSA input.
+
+    ExecuTorch numbers the files by partition tag, not in the order the program calls them (Ethos-U55 cuts a
+    ViT block into 3 partitions and calls tag 2 first); a partition's inputs are named after the nodes that
+    feed it, so a call is matched on its arguments' names, else on their shapes in order.
+    """
+    table = []
+    for path in files:
+        with open(path, "rb") as f:
+            buf = f.read()
+        table.append((path, buf, *_tosa_inputs(buf)))
+    found: dict[str, tuple[bytes, list[int]]] = {}
+    for node in ep.graph_module.graph.nodes:
+        if "executorch_call_delegate" not in str(node.target):
+            continue
+        names = [a.name for a in node.args[1:]]
+        shapes = [tuple(int(d) for d in a.meta["val"].shape) for a in node.args[1:]]
+        pick = [t for t in table if sorted(t[2]) == sorted(names)] or [t for t in table if t[3] == shapes]
+        if len(pick) != 1:
+            raise RuntimeError(f"delegate {node.name} (inputs {names}, shapes {shapes}) matches {len(pick)} of the "
+                               f"partitions' TOSA files {[os.path.basename(t[0]) for t in table]}")
+        path, buf, tosa_names, _ = pick[0]
+        table.remove(pick[0])
+        found[node.name] = (buf, [names.index(n) for n in tosa_names] if sorted(tosa_names) == sorted(names)
+                            else list(range(len(names))))
+    return found
+
+
 def _reference(req: dict, st: dict, reply: dict) -> None:
-    """The INT8 program on the parity inputs: delegates on the TOSA reference model, the rest in torch."""
+    """The quantized program on the parity inputs: delegates on the TOSA reference model, the rest in torch."""
     import torch
     import tosa_reference_model as ref
 
     ep = st["edge"]
-    graphs = [open(p, "rb").read() for p in _tosa_files(req["work_dir"])]
+    graphs = _delegate_graphs(ep, _tosa_files(req["work_dir"]))
     consts = {**ep.state_dict, **ep.constants}
     sig = ep.graph_signature
-    calls = iter(range(len(graphs)))
 
     class Run(torch.fx.Interpreter):
-        def call_function(self, target, args, kwargs):
-            if "executorch_call_delegate" not in str(target):
-                return super().call_function(target, args, kwargs)
-            outs, status = ref.run(graphs[next(calls)], [a.detach().contiguous().numpy() for a in args[1:]],
+        def run_node(self, n):
+            if n.name not in graphs:
+                return super().run_node(n)
+            buf, order = graphs[n.name]
+            args = self.fetch_args_kwargs_from_env(n)[0][1:]
+            outs, status = ref.run(buf, [args[i].detach().contiguous().numpy() for i in order],
                                    initialize_variable_tensor_from_numpy=True)
             if status != ref.GraphStatus.TOSA_VALID:
-                raise RuntimeError(f"the TOSA reference model refused partition {len(graphs)}: {status}")
+                raise RuntimeError(f"the TOSA reference model refused delegate {n.name}: {status}")
             return tuple(torch.from_numpy(np.array(o)) for o in outs)
 
     per_output: list[list[np.ndarray]] = []
@@ -271,7 +363,6 @@ def _reference(req: dict, st: dict, reply: dict) -> None:
     for args in _rows(req["inputs"]):
         users = iter(args)
         feed = [consts[s.target] if s.target in consts else next(users) for s in sig.input_specs]
-        calls = iter(range(len(graphs)))
         _stack(per_output, Run(ep.graph_module).run(*feed))
     reply["seconds_per_sample"] = (time.perf_counter() - t0) / max(len(req["inputs"]), 1)
     reply["outputs"] = _record(os.path.join(req["outputs_dir"], "reference"), per_output)
