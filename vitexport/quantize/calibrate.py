@@ -32,7 +32,7 @@ from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
 from .rounding import gptq_round
-from .search import ALPHAS, QuantArith, correction_and_split, search_alpha, search_range
+from .search import ALPHAS, QuantArith, bias_shift, correction_and_split, search_alpha, search_range
 from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
 from .profile import QuantProfile
@@ -45,7 +45,7 @@ __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "
 
 log = logging.getLogger("vitexport.quantize")
 
-TABLE_FORMAT = 4  # bump when what a table means changes
+TABLE_FORMAT = 5  # bump when what a table means changes (5: 1x1 convs searched, every conv bias-corrected)
 #: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
 _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: the evidence a data-driven choice needs. Smoothing divides each channel by its own calibrated
@@ -100,6 +100,55 @@ def _linears(plan: QuantPlan) -> list[NodeSpec]:
     return [n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None]
 
 
+def _convs(model: ir.Model, plan: QuantPlan) -> list[NodeSpec]:
+    """The plan's 2-D Convs with a constant weight. Their input rows are the channel vectors at each
+    pixel (:class:`_ChannelsLast`): a 1×1 group-1 conv without padding is a Linear over them (a
+    hybrid's expand / project convs), so the range search by output error applies to it as to a
+    Linear (a tensor's own MSE ignores which channels the conv weighs); every conv's mean INT8 output
+    error is linear in its input's channel means, so its bias correction applies too (:func:`_conv_matrix`).
+    Smoothing stays with the Linears: a factor on a conv input needs a Mul the conv layout does not absorb."""
+    out = []
+    for spec in plan.nodes:
+        w = model.graph.initializers.get(spec.weight.initializer) if spec.weight is not None else None
+        if spec.kind is NodeKind.conv and w is not None and w.const_value is not None and len(w.const_value.shape) == 4:
+            out.append(spec)
+    return out
+
+
+def _is_pointwise(node: ir.Node, w: np.ndarray) -> bool:
+    return w.shape[2:] == (1, 1) and attr(node, "group", 1) == 1 and not any(attr(node, "pads", [0]) or [0])
+
+
+def _conv_matrix(node: ir.Node, w: np.ndarray, arith: QuantArith) -> tuple[np.ndarray, np.ndarray]:
+    """A Conv's weight (C_out, C_in/g, kh, kw) as the (C_in, C_out) matrix that maps its input's channel
+    means to its output's (the kernel summed over its taps, block-diagonal over the groups), float and
+    fake-quantized (per output channel, as conversion writes it): the mean output error is
+    ``mean(Q(x)) @ Wq − mean(x) @ W`` (exact away from the padded border)."""
+    c_out, c_in_g = w.shape[:2]
+    groups = attr(node, "group", 1)
+    wq = arith.weight(w.reshape(c_out, -1).T.astype(np.float32)).T.reshape(w.shape)
+    mats = []
+    for m in (w.astype(np.float32), wq):
+        full = np.zeros((c_in_g * groups, c_out), np.float32)
+        per_group = c_out // groups
+        taps = m.sum(axis=(2, 3))  # (C_out, C_in/g)
+        for g in range(groups):
+            o = slice(g * per_group, (g + 1) * per_group)
+            full[g * c_in_g:(g + 1) * c_in_g, o] = taps[o].T
+        mats.append(full)
+    return mats[0], mats[1]
+
+
+class _ChannelsLast:
+    """Hands an observer an NCHW tensor as N·H·W rows of C channels (what a 1×1 conv multiplies)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def update(self, x: np.ndarray) -> None:
+        self.inner.update(np.moveaxis(np.asarray(x), 1, -1))
+
+
 @dataclass
 class _Stats:
     """Pass-1 statistics per Linear input tensor (before smoothing): per-channel max |X| and sampled
@@ -113,11 +162,13 @@ class _Stats:
 
 def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile) -> _Stats:
     cal, q = recipe.calibration, recipe.quantization
-    tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
+    convs = {n.acts[0].tensor for n in _convs(model, plan)}
+    tensors = list(dict.fromkeys(n.acts[0].tensor for n in [*_linears(plan), *_convs(model, plan)]))
     obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
+    fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else obs[t] for t in tensors}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     with prof.step("calibration"):
-        n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
+        n = collect(model, samples.head(q.smooth_samples), fed, batch_size=cal.batch_size,
                     budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
@@ -175,25 +226,32 @@ def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str,
     return out
 
 
-def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray],
-                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int]]]]:
+def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray], pre_plan: QuantPlan,
+                arith: QuantArith) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int | None, np.ndarray | None]]]]:
     """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight,
-    weight initializer, its input-channel axis)])."""
+    weight initializer, its input-channel axis (None: a conv's), the fake-quantized weight where it is
+    not the matrix's own rounding (a k×k or grouped conv's summed taps, :func:`_conv_matrix`))])."""
     pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
     out: dict[str, tuple[np.ndarray, list]] = {}
     inits = model.graph.initializers
     nodes = {n.name: n for n in model.graph}
-    for spec in _linears(plan):
+    pre.update({n.node: n.acts[0].tensor for n in _convs(model, pre_plan)})
+    for spec in [*_linears(plan), *_convs(model, plan)]:
         rows = stats.rows.get(pre.get(spec.node, ""))
         if rows is None:
             continue
         s = factors.get(spec.node)
         node = nodes[spec.node]
-        in_axis = (1 if attr(node, "transB", 0) else 0) if node.op_type == "Gemm" \
-            else len(inits[spec.weight.initializer].const_value.shape) - 2
-        w = weight_in_out(inits[spec.weight.initializer].const_value.numpy(), in_axis)
+        w, wq = inits[spec.weight.initializer].const_value.numpy(), None
+        if node.op_type == "Conv" and _is_pointwise(node, w):  # (C_out, C_in, 1, 1); no GPTQ layout for it
+            in_axis, w = None, np.ascontiguousarray(w[:, :, 0, 0].T.astype(np.float32))
+        elif node.op_type == "Conv":
+            in_axis, (w, wq) = None, _conv_matrix(node, w, arith)
+        else:
+            in_axis = (1 if attr(node, "transB", 0) else 0) if node.op_type == "Gemm" else len(w.shape) - 2
+            w = weight_in_out(w, in_axis)
         entry = out.setdefault(spec.acts[0].tensor, (rows / s if s is not None else rows, []))
-        entry[1].append((spec.node, w, spec.weight.initializer, in_axis))
+        entry[1].append((spec.node, w, spec.weight.initializer, in_axis, wq))
     return out
 
 
@@ -252,9 +310,9 @@ def _choose_ranges(model: ir.Model, target: Target, tensors: list[str], observer
             name, rng = "minmax", ob.compute(CalibrationMethod.minmax, 100.0).__dict__
         elif method is CalibrationMethod.auto and isinstance(ob, HistogramObserver) and ob.counts is not None:
             cands = _candidates(ob, cal.percentile)
-            if t in rows:
+            if t in rows and all(lin[4] is None for lin in rows[t][1]):
                 name, _ = search_range(rows[t][0], [lin[1] for lin in rows[t][1]], cands, arith)
-            else:  # no Linear reads it (attention inputs, a Conv's image): the tensor's own MSE decides
+            else:  # no Linear reads it (attention inputs, a k×k conv's input): the tensor's own MSE decides
                 name = "mse"
             rng = cands[name]
         else:
@@ -274,13 +332,17 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
         rng = res.table.tensors.get(t)
         if rng is None:
             continue
-        for node, w, init, in_axis in linears:
-            wq = None
-            if rounding == "gptq" and w.ndim == 2 and init not in res.rounded:
+        for node, w, init, in_axis, wq in linears:
+            summed = wq is not None  # a k×k or grouped conv's taps, each rounded before the sum
+            if not summed and in_axis is not None and rounding == "gptq" and init not in res.rounded:
                 wq = _gptq(x, w, init, in_axis, arith, res)
-            elif init in res.rounded:
+            elif not summed and in_axis is not None and init in res.rounded:
                 q, scale = res.rounded[init]
                 wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
+            if summed:  # its summed taps say nothing of its output error per pixel: only its mean goes to the bias
+                if correct:
+                    res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith, wq=wq)]
+                continue
             shift, parts = correction_and_split(x, w, rng, arith, correct, wq=wq)
             if shift is not None:
                 res.table.bias[node] = [float(v) for v in shift]
@@ -317,13 +379,14 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
     res = CalibrationResult(table, plan)
     needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
-    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and _linears(plan) else _Stats({}, {})
+    has_rows = _linears(plan) or _convs(model, plan)
+    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and has_rows else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
     if q.smooth:
         with prof.step("smoothing_search"):
             factors = _smooth(model, target, plan, stats, recipe, res)
             res.plan = target.annotate(model)
-    rows = _row_inputs(model, res.plan, stats, factors, plan)
+    rows = _row_inputs(model, res.plan, stats, factors, plan, arith_of(target))
     _ranges(model, target, res.plan, samples, recipe, rows, res, prof, keep_outputs)
     with prof.step("range_search"):
         _bias(target, rows, res, q.bias_correction, q.weight_rounding)
