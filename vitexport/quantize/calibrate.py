@@ -33,7 +33,7 @@ from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
 from .rounding import gptq_round
 from .search import ALPHAS, QuantArith, bias_shift, correction_and_split, search_alpha, search_range
-from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
+from .smooth import SiteKind, SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
 from .profile import QuantProfile
 from .spec import NodeKind, NodeSpec, QuantPlan
@@ -45,7 +45,7 @@ __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "
 
 log = logging.getLogger("vitexport.quantize")
 
-TABLE_FORMAT = 5  # bump when what a table means changes (5: 1x1 convs searched, every conv bias-corrected)
+TABLE_FORMAT = 5  # bump when what a table means changes (5: convs bias-corrected, 1x1 searched, depthwise equalised)
 #: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
 _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: the evidence a data-driven choice needs. Smoothing divides each channel by its own calibrated
@@ -139,6 +139,36 @@ def _conv_matrix(node: ir.Node, w: np.ndarray, arith: QuantArith) -> tuple[np.nd
     return mats[0], mats[1]
 
 
+#: how far a depthwise conv's input channels are equalised: ``s_c = (max|x_c| / max_c max|x_c|)^α``. A depthwise
+#: conv's output channel reads one input channel, so a channel 100× below the tensor's range keeps 1 % of
+#: the INT8 levels (no sum over channels averages its error out), and its weight is quantized per channel,
+#: so moving the factor into it costs nothing. α < 1: maxima measured on a calibration set are exceeded
+#: on new data, and a fully equalised channel would clip there.
+DEPTHWISE_ALPHA = 0.5
+
+
+def _depthwise_sites(model: ir.Model, plan: QuantPlan, target: Target) -> list[tuple[SmoothSite, str]]:
+    """An inserted per-channel Mul in front of each planned depthwise conv (weight (C, 1, k, k), group C),
+    whose weight takes the factors (:data:`DEPTHWISE_ALPHA`), with the plan tensor whose channel maxima set
+    them. The hybrids' MBConv / DSConv depthwise convs read a SiLU / Hardswish output whose channels differ
+    by orders of magnitude (folded BatchNorm scales). Not on the graph input, nor where the target takes no
+    rank-4 Mul."""
+    if target.max_insert_rank is not None and target.max_insert_rank < 4:
+        return []
+    nodes = {n.name: n for n in model.graph}
+    out = []
+    for spec in _convs(model, plan):
+        node = nodes.get(spec.node)
+        w = model.graph.initializers[spec.weight.initializer]
+        x = node.inputs[0] if node is not None else None
+        groups = attr(node, "group", 1) if node is not None else 1
+        if x is None or x.producer() is None or x.is_graph_input() or groups < 2 or tuple(w.const_value.shape[:2]) != (groups, 1):
+            continue
+        site = SmoothSite(x.name, x.name, SiteKind.insert, None, None, ((node.name, w.name, 0),), groups, ((node.name, 0),))
+        out.append((site, spec.acts[0].tensor))
+    return out
+
+
 class _ChannelsLast:
     """Hands an observer an NCHW tensor as N·H·W rows of C channels (what a 1×1 conv multiplies)."""
 
@@ -202,11 +232,19 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
         if alpha is not None:
             factors[site.tensor] = s
             per_node.update({lin: s for lin, _, _ in site.linears})
+    for site, t in _depthwise_sites(model, plan, target):
+        amax = stats.absmax.get(t)
+        if amax is None or amax.size != site.channels or amax.max() <= 0:
+            continue
+        s = np.clip(np.where(amax > 0, (amax / amax.max()) ** DEPTHWISE_ALPHA, 1.0), 1e-3, 1.0).astype(np.float32)
+        sites.append(site)
+        factors[site.tensor], alphas[site.tensor] = s.reshape(-1, 1, 1), DEPTHWISE_ALPHA
+        per_node[site.linears[0][0]] = s
     res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
     if stats.thin:
         res.smooth_skipped.update({t: f"too few calibration images or rows to trust per-channel maxima "
                                       f"(< {MIN_STAT_SAMPLES} images or rows)" for t in stats.thin})
-    res.table.equalization = {k: [float(x) for x in v] for k, v in factors.items()}
+    res.table.equalization = {k: [float(x) for x in np.ravel(v)] for k, v in factors.items()}
     res.table.choices["alpha"] = alphas
     return per_node
 
@@ -441,6 +479,10 @@ def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, ke
         sites, res.smooth_skipped = find_sites(model, plan, insert=insert, max_insert_rank=target.max_insert_rank,
                                                attention_insert=target.insert_after_attention)
         factors = {k: np.asarray(v, np.float32) for k, v in table.equalization.items()}
+        for site, _ in _depthwise_sites(model, plan, target):
+            if site.tensor in factors:
+                sites.append(site)
+                factors[site.tensor] = factors[site.tensor].reshape(-1, 1, 1)
         if set(factors) - {s.tensor for s in sites}:
             raise RuntimeError(f"{path}: smoothing sites {sorted(set(factors) - {s.tensor for s in sites})[:3]} not in the model")
         res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
