@@ -150,3 +150,22 @@ def test_depthwise_input_is_equalised(tmp_path, monkeypatch):
     equalised = _int8_error(tmp_path, "eq")
     monkeypatch.setattr(cal, "DEPTHWISE_ALPHA", 0.0)
     assert equalised < 0.7 * _int8_error(tmp_path, "plain")
+
+
+def test_conv_matrix_weighs_border_taps(tmp_path):
+    """On a 4×4 map a padded 3×3 conv's output mean, from constant channels, is the taps weighed by where
+    they land inside the image (the summed kernel would overstate it by 16/9 on a corner-heavy map)."""
+    from vitexport.quantize.calibrate import _conv_matrix
+    from vitexport.quantize.search import QuantArith
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+    ex = {"x": torch.randn(1, 4, 4, 4)}
+    path = export_onnx(conv.eval(), ex, tmp_path / "c.onnx")
+    model = prepare_model(path, build("orin"))
+    node = next(n for n in model.graph if n.op_type == "Conv")
+    w, _ = _conv_matrix(node, conv.weight.detach().numpy(), QuantArith())
+    x = torch.randn(3, 4, 1, 1).expand(3, 4, 4, 4)
+    with torch.no_grad():
+        ref = conv(x).mean((2, 3)).numpy()
+    assert np.allclose(x.mean((2, 3)).numpy() @ w, ref, atol=1e-5)

@@ -27,7 +27,7 @@ from ..calibration.data import SampleSet
 from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
 from ..calibration.table import ScaleTable
 from ..errors import BadInput
-from ..graph.query import attr
+from ..graph.query import attr, static_shape
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
@@ -119,19 +119,38 @@ def _is_pointwise(node: ir.Node, w: np.ndarray) -> bool:
     return w.shape[2:] == (1, 1) and attr(node, "group", 1) == 1 and not any(attr(node, "pads", [0]) or [0])
 
 
+def _tap_shares(node: ir.Node, kernel: tuple[int, ...]) -> np.ndarray:
+    """(kh, kw): the share of a 2-D Conv's output pixels at which each kernel tap reads inside the input
+    (not the zero padding); all ones where the input's shape is unknown."""
+    shape = static_shape(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+    if not shape or len(shape) != 4 or len(kernel) != 2:
+        return np.ones(kernel, np.float32)
+    pads = list(attr(node, "pads", None) or [0, 0, 0, 0])
+    strides, dil = list(attr(node, "strides", None) or [1, 1]), list(attr(node, "dilations", None) or [1, 1])
+    axes = []
+    for a in range(2):
+        size, k = shape[2 + a], kernel[a]
+        n_out = (size + pads[a] + pads[a + 2] - dil[a] * (k - 1) - 1) // strides[a] + 1
+        pos = np.arange(max(n_out, 1))[:, None] * strides[a] - pads[a] + np.arange(k)[None, :] * dil[a]
+        axes.append(((pos >= 0) & (pos < size)).mean(0))
+    return np.outer(axes[0], axes[1]).astype(np.float32)
+
+
 def _conv_matrix(node: ir.Node, w: np.ndarray, arith: QuantArith) -> tuple[np.ndarray, np.ndarray]:
     """A Conv's weight (C_out, C_in/g, kh, kw) as the (C_in, C_out) matrix that maps its input's channel
     means to its output's (the kernel summed over its taps, block-diagonal over the groups), float and
     fake-quantized (per output channel, as conversion writes it): the mean output error is
-    ``mean(Q(x)) @ Wq − mean(x) @ W`` (exact away from the padded border)."""
+    ``mean(Q(x)) @ Wq − mean(x) @ W``. Each tap is weighed by the share of output pixels where it lands
+    inside the image (:func:`_tap_shares`): on a hybrid's 4×4 maps a 3×3 conv's border is most of its output."""
     c_out, c_in_g = w.shape[:2]
     groups = attr(node, "group", 1)
     wq = arith.weight(w.reshape(c_out, -1).T.astype(np.float32)).T.reshape(w.shape)
+    share = _tap_shares(node, w.shape[2:])
     mats = []
     for m in (w.astype(np.float32), wq):
         full = np.zeros((c_in_g * groups, c_out), np.float32)
         per_group = c_out // groups
-        taps = m.sum(axis=(2, 3))  # (C_out, C_in/g)
+        taps = (m * share).sum(axis=(2, 3))  # (C_out, C_in/g)
         for g in range(groups):
             o = slice(g * per_group, (g + 1) * per_group)
             full[g * c_in_g:(g + 1) * c_in_g, o] = taps[o].T
