@@ -152,6 +152,29 @@ def test_depthwise_input_is_equalised(tmp_path, monkeypatch):
     assert equalised < 0.7 * _int8_error(tmp_path, "plain")
 
 
+def test_a_target_that_declines_the_depthwise_mul_gets_none(tmp_path):
+    """rk3588 (``equalise_depthwise`` False: RKNN runs the Mul as a float16 op of its own on the full map):
+    the depthwise conv reads its input as it is, and the table's settings say so (no stale reuse)."""
+    from vitexport.quantize.calibrate import table_settings
+
+    torch.manual_seed(0)
+    ex = {"x": torch.randn(1, 8, 10, 10)}
+    path = export_onnx(_MBConv().eval(), ex, tmp_path / "mb.onnx")
+    tables = {}
+    for name in ("orin", "rk3588"):
+        tgt = build(name, "quantization.fallback.enabled=false")
+        model = prepare_model(path, tgt)
+        res = calibrate(model, tgt, tgt.annotate(model), random_samples(ex, 40, seed=1), tgt.recipe)
+        dw = next(n for n in model.graph if n.op_type == "Conv" and n.attributes.get("group")
+                  and n.attributes["group"].as_int() == 16)
+        mul = dw.inputs[0].producer()  # SiLU's own x·sigmoid(x) Mul, or a Mul by constant factors
+        tables[name] = (mul.op_type == "Mul" and mul.inputs[1].const_value is not None, res.table.equalization,
+                        table_settings(tgt.recipe, tgt, 0))
+    assert tables["orin"][0] and tables["orin"][1]
+    assert not tables["rk3588"][0] and not tables["rk3588"][1]
+    assert "no_depthwise_insert" in tables["rk3588"][2]["smoothing"]
+
+
 def test_conv_matrix_weighs_border_taps(tmp_path):
     """On a 4×4 map a padded 3×3 conv's output mean, from constant channels, is the taps weighed by where
     they land inside the image (the summed kernel would overstate it by 16/9 on a corner-heavy map)."""

@@ -84,7 +84,8 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": ([q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert]  # a rank limit only where one is set
                       + ([target.max_insert_rank] if target.max_insert_rank is not None else [])
-                      + ([] if target.insert_after_attention else ["no_attention_insert"])) if q.smooth else None,
+                      + ([] if target.insert_after_attention else ["no_attention_insert"])
+                      + ([] if target.equalise_depthwise else ["no_depthwise_insert"])) if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
@@ -171,8 +172,8 @@ def _depthwise_sites(model: ir.Model, plan: QuantPlan, target: Target) -> list[t
     whose weight takes the factors (:data:`DEPTHWISE_ALPHA`), with the plan tensor whose channel maxima set
     them. The hybrids' MBConv / DSConv depthwise convs read a SiLU / Hardswish output whose channels differ
     by orders of magnitude (folded BatchNorm scales). Not on the graph input, nor where the target takes no
-    rank-4 Mul."""
-    if target.max_insert_rank is not None and target.max_insert_rank < 4:
+    rank-4 Mul, nor where the target declines the Mul (``equalise_depthwise``)."""
+    if not target.equalise_depthwise or (target.max_insert_rank is not None and target.max_insert_rank < 4):
         return []
     nodes = {n.name: n for n in model.graph}
     out = []
