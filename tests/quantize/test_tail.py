@@ -190,15 +190,15 @@ def _with_errors(err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_the_worst_case_grows_no_faster_than_the_sample_count(spread):
     """A trained hybrid's 10-class logits spread ``log(1 − cos)`` over orders of magnitude (1.3–1.5): the
     lognormal's extreme quantile then lies 5–20× past the pooled worst, where the gate measured at most 2.3×.
-    The extrapolation stops at the pooled worst times N / n; a narrow spread (a ViT's) is predicted as before."""
+    The extrapolation stops at the pooled worst times 2·N / n; a narrow spread is predicted as before."""
     from vitexport.quantize import tail
 
     rng = np.random.default_rng(1)
     err = np.exp(-8.0 + spread * rng.standard_normal(96))
     got = 1.0 - predict(_with_errors(err), None, 256, margins=False).cosine_min
-    lognormal, cap = tail._tail_error(err, 256), err.max() * 256 / 96
+    lognormal, cap = tail._tail_error(err, 256), tail.TAIL_GROWTH * err.max() * 256 / 96
     assert got == pytest.approx(tail.TAIL_MARGIN * min(lognormal, cap), rel=1e-6)
     if spread > 1:
-        assert lognormal > 2 * cap  # the lognormal alone: a worst case far past what the gate measures
+        assert lognormal > 1.2 * cap  # the lognormal alone: a worst case far past what the gate measures
     else:
         assert lognormal < cap  # a ViT's narrow spread: the lognormal decides
