@@ -175,3 +175,30 @@ def test_the_flip_forecast_matches_the_gates_count_and_shrinks_with_the_noise():
     assert flip_rate(m, margin_shift(ref, half)[1]) < 0.6 * flip_rate(m, d)  # less noise, fewer flips (one exact tie no floor)
     tie = np.concatenate([[0.0], m[:127]])
     assert flip_rate(tie, np.full(128, 1e-4)) < 1e-3  # an exact tie alone does not predict a rate float cannot cut
+
+
+def _with_errors(err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, output) rows whose per-sample ``1 − cos`` is ``err`` exactly (a rotation in two channels)."""
+    ref = np.zeros((len(err), 10))
+    ref[:, 0] = 1.0
+    out = np.zeros_like(ref)
+    out[:, 0], out[:, 1] = 1.0 - err, np.sqrt(1.0 - (1.0 - err) ** 2)
+    return ref, out
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.5])
+def test_the_worst_case_grows_no_faster_than_the_sample_count(spread):
+    """A trained hybrid's 10-class logits spread ``log(1 − cos)`` over orders of magnitude (1.3–1.5): the
+    lognormal's extreme quantile then lies 5–20× past the pooled worst, where the gate measured at most 2.3×.
+    The extrapolation stops at the pooled worst times 2·N / n; a narrow spread is predicted as before."""
+    from vitexport.quantize import tail
+
+    rng = np.random.default_rng(1)
+    err = np.exp(-8.0 + spread * rng.standard_normal(96))
+    got = 1.0 - predict(_with_errors(err), None, 256, margins=False).cosine_min
+    lognormal, cap = tail._tail_error(err, 256), tail.TAIL_GROWTH * err.max() * 256 / 96
+    assert got == pytest.approx(tail.TAIL_MARGIN * min(lognormal, cap), rel=1e-6)
+    if spread > 1:
+        assert lognormal > 1.2 * cap  # the lognormal alone: a worst case far past what the gate measures
+    else:
+        assert lognormal < cap  # a ViT's narrow spread: the lognormal decides

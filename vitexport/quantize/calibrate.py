@@ -27,13 +27,13 @@ from ..calibration.data import SampleSet
 from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
 from ..calibration.table import ScaleTable
 from ..errors import BadInput
-from ..graph.query import attr
+from ..graph.query import attr, static_shape
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
 from .rounding import gptq_round
-from .search import ALPHAS, QuantArith, correction_and_split, search_alpha, search_range
-from .smooth import SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
+from .search import ALPHAS, QuantArith, bias_shift, correction_and_split, search_alpha, search_range
+from .smooth import SiteKind, SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
 from .profile import QuantProfile
 from .spec import NodeKind, NodeSpec, QuantPlan
@@ -45,7 +45,7 @@ __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "
 
 log = logging.getLogger("vitexport.quantize")
 
-TABLE_FORMAT = 5  # bump when what a table means changes (5: one-sided smoothing factors)
+TABLE_FORMAT = 6  # bump when what a table means changes (5: convs bias-corrected, 1x1 searched, depthwise equalised; 6: one-sided smoothing factors)
 #: range candidates ``calibration.method: auto`` scores (percentiles of |x|)
 _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: the evidence a data-driven choice needs. Smoothing divides each channel by its own calibrated
@@ -84,7 +84,8 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
         "encoding": target.encoding().__dict__, "per_channel": target.per_channel(),
         "smoothing": ([q.smooth, q.smooth_alpha, q.smooth_samples, q.smooth_insert]  # a rank limit only where one is set
                       + ([target.max_insert_rank] if target.max_insert_rank is not None else [])
-                      + ([] if target.insert_after_attention else ["no_attention_insert"])) if q.smooth else None,
+                      + ([] if target.insert_after_attention else ["no_attention_insert"])
+                      + ([] if target.equalise_depthwise else ["no_depthwise_insert"])) if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
@@ -100,6 +101,104 @@ def _linears(plan: QuantPlan) -> list[NodeSpec]:
     return [n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None]
 
 
+def _convs(model: ir.Model, plan: QuantPlan) -> list[NodeSpec]:
+    """The plan's 2-D Convs with a constant weight. Their input rows are the channel vectors at each
+    pixel (:class:`_ChannelsLast`): a 1×1 group-1 conv without padding is a Linear over them (a
+    hybrid's expand / project convs), so the range search by output error applies to it as to a
+    Linear (a tensor's own MSE ignores which channels the conv weighs); every conv's mean INT8 output
+    error is linear in its input's channel means, so its bias correction applies too (:func:`_conv_matrix`).
+    Smoothing stays with the Linears: a factor on a conv input needs a Mul the conv layout does not absorb."""
+    out = []
+    for spec in plan.nodes:
+        w = model.graph.initializers.get(spec.weight.initializer) if spec.weight is not None else None
+        if spec.kind is NodeKind.conv and w is not None and w.const_value is not None and len(w.const_value.shape) == 4:
+            out.append(spec)
+    return out
+
+
+def _is_pointwise(node: ir.Node, w: np.ndarray) -> bool:
+    return w.shape[2:] == (1, 1) and attr(node, "group", 1) == 1 and not any(attr(node, "pads", [0]) or [0])
+
+
+def _tap_shares(node: ir.Node, kernel: tuple[int, ...]) -> np.ndarray:
+    """(kh, kw): the share of a 2-D Conv's output pixels at which each kernel tap reads inside the input
+    (not the zero padding); all ones where the input's shape is unknown."""
+    shape = static_shape(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+    if not shape or len(shape) != 4 or len(kernel) != 2:
+        return np.ones(kernel, np.float32)
+    pads = list(attr(node, "pads", None) or [0, 0, 0, 0])
+    strides, dil = list(attr(node, "strides", None) or [1, 1]), list(attr(node, "dilations", None) or [1, 1])
+    axes = []
+    for a in range(2):
+        size, k = shape[2 + a], kernel[a]
+        n_out = (size + pads[a] + pads[a + 2] - dil[a] * (k - 1) - 1) // strides[a] + 1
+        pos = np.arange(max(n_out, 1))[:, None] * strides[a] - pads[a] + np.arange(k)[None, :] * dil[a]
+        axes.append(((pos >= 0) & (pos < size)).mean(0))
+    return np.outer(axes[0], axes[1]).astype(np.float32)
+
+
+def _conv_matrix(node: ir.Node, w: np.ndarray, arith: QuantArith) -> tuple[np.ndarray, np.ndarray]:
+    """A Conv's weight (C_out, C_in/g, kh, kw) as the (C_in, C_out) matrix that maps its input's channel
+    means to its output's (the kernel summed over its taps, block-diagonal over the groups), float and
+    fake-quantized (per output channel, as conversion writes it): the mean output error is
+    ``mean(Q(x)) @ Wq − mean(x) @ W``. Each tap is weighed by the share of output pixels where it lands
+    inside the image (:func:`_tap_shares`): on a hybrid's 4×4 maps a 3×3 conv's border is most of its output."""
+    c_out, c_in_g = w.shape[:2]
+    groups = attr(node, "group", 1)
+    wq = arith.weight(w.reshape(c_out, -1).T.astype(np.float32)).T.reshape(w.shape)
+    share = _tap_shares(node, w.shape[2:])
+    mats = []
+    for m in (w.astype(np.float32), wq):
+        full = np.zeros((c_in_g * groups, c_out), np.float32)
+        per_group = c_out // groups
+        taps = (m * share).sum(axis=(2, 3))  # (C_out, C_in/g)
+        for g in range(groups):
+            o = slice(g * per_group, (g + 1) * per_group)
+            full[g * c_in_g:(g + 1) * c_in_g, o] = taps[o].T
+        mats.append(full)
+    return mats[0], mats[1]
+
+
+#: how far a depthwise conv's input channels are equalised: ``s_c = (max|x_c| / max_c max|x_c|)^α``. A depthwise
+#: conv's output channel reads one input channel, so a channel 100× below the tensor's range keeps 1 % of
+#: the INT8 levels (no sum over channels averages its error out), and its weight is quantized per channel,
+#: so moving the factor into it costs nothing. α < 1: maxima measured on a calibration set are exceeded
+#: on new data, and a fully equalised channel would clip there.
+DEPTHWISE_ALPHA = 0.5
+
+
+def _depthwise_sites(model: ir.Model, plan: QuantPlan, target: Target) -> list[tuple[SmoothSite, str]]:
+    """An inserted per-channel Mul in front of each planned depthwise conv (weight (C, 1, k, k), group C),
+    whose weight takes the factors (:data:`DEPTHWISE_ALPHA`), with the plan tensor whose channel maxima set
+    them. The hybrids' MBConv / DSConv depthwise convs read a SiLU / Hardswish output whose channels differ
+    by orders of magnitude (folded BatchNorm scales). Not on the graph input, nor where the target takes no
+    rank-4 Mul, nor where the target declines the Mul (``equalise_depthwise``)."""
+    if not target.equalise_depthwise or (target.max_insert_rank is not None and target.max_insert_rank < 4):
+        return []
+    nodes = {n.name: n for n in model.graph}
+    out = []
+    for spec in _convs(model, plan):
+        node = nodes.get(spec.node)
+        w = model.graph.initializers[spec.weight.initializer]
+        x = node.inputs[0] if node is not None else None
+        groups = attr(node, "group", 1) if node is not None else 1
+        if x is None or x.producer() is None or x.is_graph_input() or groups < 2 or tuple(w.const_value.shape[:2]) != (groups, 1):
+            continue
+        site = SmoothSite(x.name, x.name, SiteKind.insert, None, None, ((node.name, w.name, 0),), groups, ((node.name, 0),))
+        out.append((site, spec.acts[0].tensor))
+    return out
+
+
+class _ChannelsLast:
+    """Hands an observer an NCHW tensor as N·H·W rows of C channels (what a 1×1 conv multiplies)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def update(self, x: np.ndarray) -> None:
+        self.inner.update(np.moveaxis(np.asarray(x), 1, -1))
+
+
 @dataclass
 class _Stats:
     """Pass-1 statistics per Linear input tensor (before smoothing): per-channel max |X| and sampled
@@ -113,11 +212,13 @@ class _Stats:
 
 def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile) -> _Stats:
     cal, q = recipe.calibration, recipe.quantization
-    tensors = list(dict.fromkeys(n.acts[0].tensor for n in _linears(plan)))
+    convs = {n.acts[0].tensor for n in _convs(model, plan)}
+    tensors = list(dict.fromkeys(n.acts[0].tensor for n in [*_linears(plan), *_convs(model, plan)]))
     obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
+    fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else obs[t] for t in tensors}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     with prof.step("calibration"):
-        n = collect(model, samples.head(q.smooth_samples), obs, batch_size=cal.batch_size,
+        n = collect(model, samples.head(q.smooth_samples), fed, batch_size=cal.batch_size,
                     budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
@@ -151,11 +252,19 @@ def _smooth(model: ir.Model, target: Target, plan: QuantPlan, stats: _Stats, rec
         if alpha is not None:
             factors[site.tensor] = s
             per_node.update({lin: s for lin, _, _ in site.linears})
+    for site, t in _depthwise_sites(model, plan, target):
+        amax = stats.absmax.get(t)
+        if amax is None or amax.size != site.channels or amax.max() <= 0:
+            continue
+        s = np.clip(np.where(amax > 0, (amax / amax.max()) ** DEPTHWISE_ALPHA, 1.0), 1e-3, 1.0).astype(np.float32)
+        sites.append(site)
+        factors[site.tensor], alphas[site.tensor] = s.reshape(-1, 1, 1), DEPTHWISE_ALPHA
+        per_node[site.linears[0][0]] = s
     res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed
     if stats.thin:
         res.smooth_skipped.update({t: f"too few calibration images or rows to trust per-channel maxima "
                                       f"(< {MIN_STAT_SAMPLES} images or rows)" for t in stats.thin})
-    res.table.equalization = {k: [float(x) for x in v] for k, v in factors.items()}
+    res.table.equalization = {k: [float(x) for x in np.ravel(v)] for k, v in factors.items()}
     res.table.choices["alpha"] = alphas
     return per_node
 
@@ -175,25 +284,32 @@ def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str,
     return out
 
 
-def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray],
-                pre_plan: QuantPlan) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int]]]]:
+def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray], pre_plan: QuantPlan,
+                arith: QuantArith) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int | None, np.ndarray | None]]]]:
     """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight,
-    weight initializer, its input-channel axis)])."""
+    weight initializer, its input-channel axis (None: a conv's), the fake-quantized weight where it is
+    not the matrix's own rounding (a k×k or grouped conv's summed taps, :func:`_conv_matrix`))])."""
     pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
     out: dict[str, tuple[np.ndarray, list]] = {}
     inits = model.graph.initializers
     nodes = {n.name: n for n in model.graph}
-    for spec in _linears(plan):
+    pre.update({n.node: n.acts[0].tensor for n in _convs(model, pre_plan)})
+    for spec in [*_linears(plan), *_convs(model, plan)]:
         rows = stats.rows.get(pre.get(spec.node, ""))
         if rows is None:
             continue
         s = factors.get(spec.node)
         node = nodes[spec.node]
-        in_axis = (1 if attr(node, "transB", 0) else 0) if node.op_type == "Gemm" \
-            else len(inits[spec.weight.initializer].const_value.shape) - 2
-        w = weight_in_out(inits[spec.weight.initializer].const_value.numpy(), in_axis)
+        w, wq = inits[spec.weight.initializer].const_value.numpy(), None
+        if node.op_type == "Conv" and _is_pointwise(node, w):  # (C_out, C_in, 1, 1); no GPTQ layout for it
+            in_axis, w = None, np.ascontiguousarray(w[:, :, 0, 0].T.astype(np.float32))
+        elif node.op_type == "Conv":
+            in_axis, (w, wq) = None, _conv_matrix(node, w, arith)
+        else:
+            in_axis = (1 if attr(node, "transB", 0) else 0) if node.op_type == "Gemm" else len(w.shape) - 2
+            w = weight_in_out(w, in_axis)
         entry = out.setdefault(spec.acts[0].tensor, (rows / s if s is not None else rows, []))
-        entry[1].append((spec.node, w, spec.weight.initializer, in_axis))
+        entry[1].append((spec.node, w, spec.weight.initializer, in_axis, wq))
     return out
 
 
@@ -252,9 +368,9 @@ def _choose_ranges(model: ir.Model, target: Target, tensors: list[str], observer
             name, rng = "minmax", ob.compute(CalibrationMethod.minmax, 100.0).__dict__
         elif method is CalibrationMethod.auto and isinstance(ob, HistogramObserver) and ob.counts is not None:
             cands = _candidates(ob, cal.percentile)
-            if t in rows:
+            if t in rows and all(lin[4] is None for lin in rows[t][1]):
                 name, _ = search_range(rows[t][0], [lin[1] for lin in rows[t][1]], cands, arith)
-            else:  # no Linear reads it (attention inputs, a Conv's image): the tensor's own MSE decides
+            else:  # no Linear reads it (attention inputs, a k×k conv's input): the tensor's own MSE decides
                 name = "mse"
             rng = cands[name]
         else:
@@ -274,13 +390,17 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
         rng = res.table.tensors.get(t)
         if rng is None:
             continue
-        for node, w, init, in_axis in linears:
-            wq = None
-            if rounding == "gptq" and w.ndim == 2 and init not in res.rounded:
+        for node, w, init, in_axis, wq in linears:
+            summed = wq is not None  # a k×k or grouped conv's taps, each rounded before the sum
+            if not summed and in_axis is not None and rounding == "gptq" and init not in res.rounded:
                 wq = _gptq(x, w, init, in_axis, arith, res)
-            elif init in res.rounded:
+            elif not summed and in_axis is not None and init in res.rounded:
                 q, scale = res.rounded[init]
                 wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
+            if summed:  # its summed taps say nothing of its output error per pixel: only its mean goes to the bias
+                if correct:
+                    res.table.bias[node] = [float(v) for v in bias_shift(x, w, rng, arith, wq=wq)]
+                continue
             shift, parts = correction_and_split(x, w, rng, arith, correct, wq=wq)
             if shift is not None:
                 res.table.bias[node] = [float(v) for v in shift]
@@ -317,13 +437,14 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     table = ScaleTable(method=cal.method.value, num_samples=0, model_hash="", data_hash=samples.fingerprint(), settings={})
     res = CalibrationResult(table, plan)
     needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
-    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and _linears(plan) else _Stats({}, {})
+    has_rows = _linears(plan) or _convs(model, plan)
+    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and has_rows else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
     if q.smooth:
         with prof.step("smoothing_search"):
             factors = _smooth(model, target, plan, stats, recipe, res)
             res.plan = target.annotate(model)
-    rows = _row_inputs(model, res.plan, stats, factors, plan)
+    rows = _row_inputs(model, res.plan, stats, factors, plan, arith_of(target))
     _ranges(model, target, res.plan, samples, recipe, rows, res, prof, keep_outputs)
     with prof.step("range_search"):
         _bias(target, rows, res, q.bias_correction, q.weight_rounding)
@@ -378,6 +499,10 @@ def reuse_table(path: Path, model: ir.Model, target: Target, plan: QuantPlan, ke
         sites, res.smooth_skipped = find_sites(model, plan, insert=insert, max_insert_rank=target.max_insert_rank,
                                                attention_insert=target.insert_after_attention)
         factors = {k: np.asarray(v, np.float32) for k, v in table.equalization.items()}
+        for site, _ in _depthwise_sites(model, plan, target):
+            if site.tensor in factors:
+                sites.append(site)
+                factors[site.tensor] = factors[site.tensor].reshape(-1, 1, 1)
         if set(factors) - {s.tensor for s in sites}:
             raise RuntimeError(f"{path}: smoothing sites {sorted(set(factors) - {s.tensor for s in sites})[:3]} not in the model")
         res.smoothed = SmoothPass([s for s in sites if s.tensor in factors], factors)(model).report.changed

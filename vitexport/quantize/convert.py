@@ -187,13 +187,14 @@ class _Writer:
         node.replace_input_with(2, dq.outputs[0])
 
     def correct_bias(self, node: ir.Node) -> None:
-        """Subtract the node's bias correction from its float bias (a Gemm's C, or the Add after a
-        MatMul); a Linear without a bias keeps its error (nothing to fold it into)."""
+        """Subtract the node's bias correction from its float bias (a Gemm's or a Conv's, or the Add
+        after a MatMul); a Linear without a bias keeps its error (nothing to fold it into)."""
         delta = self.cache.bias.get(node.name)
         if delta is None:
             return
         delta = np.asarray(delta, np.float32)
-        target = (node, 2) if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None else None
+        has_bias = node.op_type in ("Gemm", "Conv") and len(node.inputs) > 2 and node.inputs[2] is not None
+        target = (node, 2) if has_bias else None
         if target is None and node.op_type == "MatMul":
             uses = node.outputs[0].uses()
             add = uses[0].node if len(uses) == 1 and uses[0].node.op_type == "Add" else None

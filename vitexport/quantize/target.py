@@ -30,6 +30,8 @@ class QuantizeTarget(AnnotateTarget, Protocol):
     max_insert_rank: int | None
     #: a smoothing Mul may go on an attention output that cannot fold into V
     insert_after_attention: bool
+    #: a per-channel Mul may go in front of a depthwise conv (its input channels equalised)
+    equalise_depthwise: bool
     #: the stage whose backend reports the INT8 share (None: none)
     int8_share_stage: str | None
 

@@ -112,6 +112,10 @@ class Target:
     #: transposes) whose factors cannot fold into the V projection; False: such a site is left
     #: unsmoothed, the report says why
     insert_after_attention: ClassVar[bool] = True
+    #: whether a per-channel Mul may be inserted in front of a depthwise conv to equalise its input
+    #: channels (the factors move into its per-channel weight); False where the runtime pays for the Mul
+    #: more than its INT8 error gains: such convs keep their input as it is
+    equalise_depthwise: ClassVar[bool] = True
     #: the schema of the recipe's ``target_options:`` for this target
     Options: ClassVar[type[TargetOptions]] = TargetOptions
     #: the runtime's name as a report writes it (``TensorRT``); empty: no named runtime. The report's
