@@ -87,7 +87,8 @@ def test_a_tail_invisible_in_the_selection_samples_still_meets_the_gate(switch, 
     assert rep.float_fallback and rep.budget_met
     gate = _gate(path, tmp_path / "m.onnx", parity, r)
     assert gate, f"the gate fails: cosine_min {gate.metrics.cosine_min}"
-    assert rep.parity["prediction"]["cosine_min"] <= gate.metrics.cosine_min  # the prediction was a lower bound
+    # the prediction was a lower bound (with both layers in float, what is left is float rounding: 1e-12, not predicted)
+    assert rep.parity["prediction"]["cosine_min"] <= gate.metrics.cosine_min + 1e-9
 
 
 def test_without_the_screen_the_selection_minimum_would_have_passed_a_failing_gate(switch, tmp_path):
