@@ -6,7 +6,7 @@ at the stage and metric named, or exit 2 naming the op. ``make test-zoo`` runs i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -91,19 +91,30 @@ class TaskCase:
     says: str = ""
     targets: tuple[str, ...] = ("orin", "rk3588", "openvino")
     why: str = ""
+    #: target -> (exit, says) where one target's verdict differs from the case's
+    on: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 CASES = [
     TaskCase("yolos", lambda: _detector(transformers, "yolos"), ("logits", "pred_boxes")),
-    TaskCase("detr", lambda: _detector(transformers, "detr"), ("logits", "pred_boxes")),
-    TaskCase("conditional_detr", _cond_detr, ("logits", "pred_boxes")),
+    # rknn-toolkit2 2.5.0 segfaults in its OpEmit pass on DETR's graph: exit 2 naming the crash and its log
+    TaskCase("detr", lambda: _detector(transformers, "detr"), ("logits", "pred_boxes"),
+             on={"rk3588": (2, "rknn-toolkit2 crashed (SIGSEGV) in stage build")}),
+    # rk3588 left out: rknn-toolkit2 2.5.0's build ran over 20 minutes in its graph optimiser after fusing the
+    # ScatterND of the box update (reference points [..., :2] += ...) without finishing (target_options.timeout_s
+    # stops it, exit 2)
+    TaskCase("conditional_detr", _cond_detr, ("logits", "pred_boxes"), targets=("orin", "openvino")),
     # random weights: many anchors share one encoder score, and torch and ONNX Runtime break TopK's ties differently,
     # so the two pick other queries (the scores agree, the boxes do not): the float export's gate says so
+    # on rk3588 (opset 13) its deformable attention's grid_sample does not export: exit 2 naming opset 16+
     TaskCase("rt_detr", _rt_detr, ("logits", "pred_boxes"), 1, "export_onnx failed its gate",
-             why="TopK ties of a random-weight encoder"),
+             why="TopK ties of a random-weight encoder", on={"rk3588": (2, "'aten::grid_sampler' to ONNX opset version 13")}),
     TaskCase("segformer", _segformer, ("output",)),
-    TaskCase("upernet", _upernet, ("output",)),
-    TaskCase("dpt", _dpt, ("output",)),
+    # rk3588 left out: rknn-toolkit2's build of ConvNeXt's 7x7 depthwise convs ran over 15 minutes on the loaded
+    # 2-core machine it was tried on (not measured to the end)
+    TaskCase("upernet", _upernet, ("output",), targets=("orin", "openvino")),
+    # RKNN runs the neck's four bilinear Resizes on the CPU: the share gate's exit 1 names them
+    TaskCase("dpt", _dpt, ("output",), on={"rk3588": (1, "compute ops on the CPU by RKNN's op table")}),
     TaskCase("mask2former", _mask2former, (), 2, "has no CPU kernel for node", targets=("orin",),
              why="its deformable attention samples in float64 (GridSample-16), which ONNX Runtime has no kernel for"),
     TaskCase("dinov2", lambda: transformers.Dinov2Model(transformers.Dinov2Config(**_TINY)), ("last_hidden_state", "pooler_output")),
@@ -115,7 +126,8 @@ CASES = [
 def _folder(case: TaskCase, tmp: Path) -> Path:
     torch.manual_seed(0)
     model = case.build()
-    model.config.image_size = 64  # DETR-style configs carry no input size; the source reads this one
+    if getattr(model.config, "image_size", None) is None:
+        model.config.image_size = 64  # DETR-style configs carry no input size; the source reads this one
     model.save_pretrained(tmp / case.name)
     return tmp / case.name
 
@@ -129,9 +141,10 @@ def test_task_zoo(case: TaskCase, target: str, tmp_path, capfd):
     rc = main(["export", "--model", f"hf:{folder}", "--target", target, "--out", str(out), *_FAST])
     cap = capfd.readouterr()
     assert "Traceback" not in cap.out + cap.err
-    assert rc == case.exit, f"{case.name} on {target}: exit {rc}\n{cap.err[-2000:]}"
+    want, says = case.on.get(target, (case.exit, case.says))
+    assert rc == want, f"{case.name} on {target}: exit {rc}\n{cap.err[-2000:]}"
     if rc == 2:
-        assert case.says in cap.err and not out.exists()
+        assert says in cap.err and not out.exists()
         return
     doc = json.loads((out / "parity.json").read_text())
     # a failed gate sets its stage's file aside in rejected/ (export_onnx's: model.raw.onnx)
@@ -140,7 +153,7 @@ def test_task_zoo(case: TaskCase, target: str, tmp_path, capfd):
     written = [o.name for o in onnx.load(str(file), load_external_data=False).graph.output]
     assert tuple(written[:len(case.outputs)]) == case.outputs
     if rc == 1:
-        assert case.says in cap.err + cap.out
+        assert says in cap.err + cap.out
         return
     assert doc["passed"] and (out / "model.int8.onnx").is_file()
     final = doc["stages"][-1]
