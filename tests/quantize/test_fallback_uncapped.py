@@ -7,6 +7,8 @@ the tail prediction) on those outputs.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,17 @@ def test_fallback_stays_within_the_room_the_int8_share_gate_leaves():
     assert "INT8-share gate leaves no room" in res.stopped
     roomy = search_fallback(model.plan, model, model.ranking(), None, first, max_float_macs=40_000)
     assert roomy.met and roomy.stopped == ""
+
+
+def test_a_large_layer_that_does_not_fit_the_share_room_is_passed_over_for_smaller_ones():
+    # the most sensitive node is also the largest (20,000 MACs, past the 15,000 of room): the search used to drop
+    # every step holding it and stop with nothing float; it now keeps the next-ranked nodes that fit and meets
+    # the budget without it
+    model = _Synthetic([0.2] + [0.07] * 10 + [0.001] * 20)
+    model.plan = QuantPlan("cpu", (dataclasses.replace(model.plan.nodes[0], macs=20_000), *model.plan.nodes[1:]),
+                           Encoding())
+    first = model(model.plan)
+    res = search_fallback(model.plan, model, model.ranking(), None, first, max_float_macs=15_000)
+    assert "fc0" not in res.float_nodes and res.float_nodes, res.stopped
+    assert sum(1000 for _ in res.float_nodes) <= 15_000
+    assert res.after.prediction.cosine_min > first.prediction.cosine_min

@@ -144,6 +144,24 @@ def step_sizes(n: int, cap: int | None) -> list[int]:
     return sizes
 
 
+def _fit_steps(steps: list[list[str]], candidates: list[str], macs: Mapping[str, int], room: int) -> list[list[str]]:
+    """Each step as many nodes as it names within ``room`` multiply-accumulates: a node that does not fit is
+    passed over for the next-ranked ones that do (a large conv ranked high no longer ends the search while
+    smaller sensitive layers would fit); a step that adds nothing new is dropped."""
+    out: list[list[str]] = []
+    for step in steps:
+        kept, used = [], 0
+        for n in [*step, *(c for c in candidates if c not in step)]:
+            if len(kept) == len(step):
+                break
+            if used + macs.get(n, 0) <= room:
+                kept.append(n)
+                used += macs.get(n, 0)
+        if kept and (not out or set(kept) != set(out[-1])):
+            out.append(kept)
+    return out
+
+
 def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], ranking: list[tuple[str, float]],
                     max_float: int | None, first: Verdict, cheap: Sequence[str] = (),
                     max_float_macs: int | None = None) -> FallbackResult:
@@ -177,9 +195,8 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
         steps = [order[:k] for k in range(1, len(order) + 1)]
     share_cut = False
     if max_float_macs is not None:
-        macs = {n.node: n.macs for n in plan.nodes}
-        fits = [st for st in steps if sum(macs.get(n, 0) for n in st) <= max_float_macs]
-        share_cut, steps = len(fits) < len(steps), fits
+        fits = _fit_steps(steps, [*group, *order], {n.node: n.macs for n in plan.nodes}, max_float_macs)
+        share_cut, steps = fits != steps, fits
     met = bool(first)
     best: tuple[list[str], Verdict] = ([], first)
     tried, stalled, stopped = [best], False, ""
@@ -190,7 +207,7 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
             best = (step, res)
         if res:
             met = True
-            best = _bisect(judged, group, order, tried, best)
+            best = _bisect(judged, group, tried, best)
             break
         if _flips_stalled(tried):
             best, stalled = _fewest_at_lowest_flips(tried), True
@@ -214,17 +231,19 @@ def search_fallback(plan: QuantPlan, check: Callable[[QuantPlan], Verdict], rank
     return out
 
 
-def _bisect(judged: Callable[[Sequence[str]], Verdict], group: list[str], order: list[str],
+def _bisect(judged: Callable[[Sequence[str]], Verdict], group: list[str],
             tried: list[tuple[list[str], Verdict]], best: tuple[list[str], Verdict]) -> tuple[list[str], Verdict]:
     """After a jump (more than one node added by the step that met the budget), the fewest of the
-    ranked nodes that still meet it, by bisection between the last size that missed and the one that met."""
-    hi = len(best[0]) - len(group)
+    ranked nodes that still meet it, by bisection between the last size that missed and the one that met
+    (over prefixes of the set that met it: within the INT8-share room as that set is)."""
+    met = best[0]
+    hi = len(met) - len(group)
     lo = len(tried[-2][0]) - len(group) if len(tried) >= 2 else 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        res = judged(group + order[:mid])
+        res = judged(met[:len(group) + mid])
         if res:
-            hi, best = mid, (group + order[:mid], res)
+            hi, best = mid, (met[:len(group) + mid], res)
         else:
             lo = mid
     return best
