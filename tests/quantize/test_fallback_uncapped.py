@@ -138,3 +138,6 @@ def test_a_large_layer_that_does_not_fit_the_share_room_is_passed_over_for_small
     assert "fc0" not in res.float_nodes and res.float_nodes, res.stopped
     assert sum(1000 for _ in res.float_nodes) <= 15_000
     assert res.after.prediction.cosine_min > first.prediction.cosine_min
+    # where a backend's gate measures the share (the room is an upper bound), the search stops at the room
+    held = search_fallback(model.plan, model, model.ranking(), None, first, max_float_macs=15_000, pass_over=False)
+    assert held.float_nodes == [] and "INT8-share gate leaves no room" in held.stopped

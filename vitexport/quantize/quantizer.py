@@ -241,7 +241,8 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
         result = first
         if not first and ranking is not None:
             fbr = search_fallback(plan, lambda p: _judged(p, judge, build), ranking, fb.max_float_layers, first,
-                                  cheap=_sensitive_pv(model, plan, ranking), max_float_macs=_share_room(qdq, target, recipe))
+                                  cheap=_sensitive_pv(model, plan, ranking), max_float_macs=_share_room(qdq, target, recipe),
+                                  pass_over=target.int8_share_stage == "quantize_int8")
             if fbr.float_nodes:
                 plan = plan.without(set(fbr.float_nodes))
                 qdq = build(plan)  # built while searching: the builder hands that model back
