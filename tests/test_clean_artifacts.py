@@ -17,6 +17,7 @@ from onnx_census import assert_clean
 
 from vitexport.calibration.data import NpzSamples
 from vitexport.pipeline import run_pipeline
+from vitexport.runners.host import int8_dot_saturates
 from vitexport.sources import load_model
 from vitexport.sources.base import LoadedModel, OutputAdapter
 from vitexport.targets import load_target, registered_targets
@@ -61,7 +62,12 @@ def _bert(tmp_path) -> tuple[LoadedModel, NpzSamples, NpzSamples]:
 @pytest.mark.parametrize("kind", ["vit_s", "bert"])
 def test_every_file_every_target_writes_is_clean(kind, target, tmp_path):
     model, calib, parity = _vit_s() if kind == "vit_s" else _bert(tmp_path)
-    t = load_target(target, ["quantization.measure_latency=false"])
+    sets = ["quantization.measure_latency=false"]
+    if target == "openvino" and kind == "bert" and int8_dot_saturates():
+        # without VNNI OpenVINO's CPU plugin runs this BERT's Q/DQ'd Q·Kᵀ MatMuls in f32 (94.5 % INT8; the
+        # report names them and why); the share gate is tested in tests/targets/openvino, not here
+        sets.append("parity.build_engine.int8_share_min=0.9")
+    t = load_target(target, sets)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         arts = run_pipeline(model, t, tmp_path / "out", calib=calib, parity_data=parity)

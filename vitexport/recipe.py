@@ -465,9 +465,11 @@ class QuantizationSpec(_Spec):
         default=False, description="time FP32 vs INT8 in ONNX Runtime (2 threads, batch 1) and report the ratio; "
                                    "off by default: two more sessions and seconds per run, and host latency says "
                                    "little about the target (make bench compares carefully)")
-    reduce_range_weights: bool = Field(
+    reduce_range_weights: bool | Literal["auto"] = Field(
         default=False,
-        description="7-bit weights (-63..63): x86 CPUs without VNNI saturate int16 sums of u8 x s8 products otherwise",
+        description="7-bit weights (-63..63): x86 CPUs without VNNI saturate int16 sums of u8 x s8 products otherwise "
+                    "(x86 integer kernels); auto: 7-bit where the CPU that runs "
+                    "this export's parity lacks VNNI/AMX, so what it measures is what such a CPU computes",
     )
 
 

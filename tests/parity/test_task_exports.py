@@ -171,8 +171,11 @@ def test_a_detector_on_openvino_answers_pred_boxes_by_name(tmp_path, capsys):
             layer.weight.mul_(10.0)
     model.save_pretrained(tmp_path / "yolos")
     out = tmp_path / "openvino"
+    # the gates this test needs are the outputs' names and shapes: this random 2-layer YOLOS at 16 calibration
+    # samples scores mAP vs FP32 0.94 with 7-bit weights (reduce_range_weights=auto on a CPU without VNNI)
     rc = main(["export", "--model", f"hf:{tmp_path / 'yolos'}", "--target", "openvino", "--out", str(out), *FAST,
-               "--set", "parity.build_engine.int8_share_min=0"])
+               "--set", "parity.build_engine.int8_share_min=0", "--set", "parity.quantize_int8.map_min=0.9",
+               "--set", "parity.build_engine.map_min=0.9"])
     assert rc == 0, capsys.readouterr().err
     engine = _stage(out, "build_engine")
     assert engine["engine"] == "openvino-cpu" and engine["task_metrics"]["detections"] > 0

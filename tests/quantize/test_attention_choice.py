@@ -24,10 +24,12 @@ def _vit(tmp_path, patch: int, peak: float):
     return export_onnx(m, ex, tmp_path / f"vit{patch}_{peak}.onnx", 17), random_samples(ex, 96, seed=0)
 
 
-# (8, 0.25): 17 tokens, every head diffuse. The random init itself (peak 1.0) sits at the threshold: its
-# predicted worst cosine moved across it (0.99502 -> 0.99283 INT8) when float16 scales became exactly
-# representable, a 1-ulp change; a case that a 1-ulp rounding decides tests nothing.
-@pytest.mark.parametrize("patch,peak,expect_float", [(8, 0.25, False), (4, 5.0, True)])
+# (8, 0.1): 17 tokens, every head diffuse; float would change the predicted error by ×1.01, far from the 1.2 a
+# float attn·V must pay. The random init itself (peak 1.0) sits at the threshold: its predicted worst cosine moved
+# across it (0.99502 -> 0.99283 INT8) when float16 scales became exactly representable, a 1-ulp change; peak
+# 0.25 too (×1.23 on an AMD EPYC with AVX2, below 1.2 on the Intel Xeon before it): a case that the CPU's float
+# summation order decides tests nothing.
+@pytest.mark.parametrize("patch,peak,expect_float", [(8, 0.1, False), (4, 5.0, True)])
 def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_float):
     path, calib = _vit(tmp_path, patch, peak)
     rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin"), tmp_path / "w")

@@ -466,6 +466,8 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     report = QuantReport(target=target.name, method=recipe.calibration.method.value)
     if not plan.nodes:
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
+    elif (wnote := target.weight_range_note()) is not None:
+        report.notes.append(wnote)
     calib_part, select = _holdout(recipe, calib)
     prof = QuantProfile()
     n_screen = screen_size(recipe.quantization.fallback.screen_samples, plan.total_macs) if select is not None else 0

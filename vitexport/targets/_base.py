@@ -24,6 +24,7 @@ from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
 from ..recipe import Recipe, StageName, TargetStage, with_target_stages
 from ..runners.base import BaseRunner
+from ..runners.host import cpu_int8_isa, int8_dot_saturates
 from ..runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, SessionConfig
 from ..stages.base import Contribution
 
@@ -216,7 +217,23 @@ class Target:
     def encoding(self) -> Encoding:
         """How every Q/DQ pair of this target's plans is written."""
         symmetric = self.force_symmetric or not self.spec.asymmetric_activations
-        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.spec.reduce_range_weights else 127)
+        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.reduce_range() else 127)
+
+    def reduce_range(self) -> bool:
+        """7-bit weights: the recipe's choice; ``auto``: where this CPU's INT8 dot products saturate (no VNNI)."""
+        rr = self.spec.reduce_range_weights
+        return int8_dot_saturates() if rr == "auto" else bool(rr)
+
+    def weight_range_note(self) -> str | None:
+        """What ``quantization.reduce_range_weights: auto`` chose on this CPU and why (None: set explicitly)."""
+        if self.spec.reduce_range_weights != "auto":
+            return None
+        isa = cpu_int8_isa()
+        if self.reduce_range():
+            return (f"weights: 7-bit (|q| <= 63), reduce_range_weights=auto on this CPU ({isa}): its u8 x s8 "
+                    "int16 pair sums saturate on 8-bit weights; 7-bit weights run correctly on any CPU")
+        return (f"weights: 8-bit, reduce_range_weights=auto on this CPU ({isa}: its INT8 kernels accumulate in int32); "
+                "for a CPU without VNNI (AVX2) set quantization.reduce_range_weights=true, else its sums saturate")
 
     def per_channel(self) -> bool:
         """Weights quantized per output channel (the recipe's choice unless the target forces per tensor)."""

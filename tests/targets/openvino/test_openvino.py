@@ -7,6 +7,7 @@ import json
 import warnings
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 import timm
 import torch
@@ -19,7 +20,8 @@ from vitexport.targets.openvino.runner import OpenVinoRunner
 from vitexport.targets.openvino.runner import RuntimePrecisions
 from vitexport.sources.base import LoadedModel, OutputAdapter
 from vitexport.targets import load_target
-from vitexport.targets.openvino.target import linears_not_int8, runtime_share
+from vitexport.targets.openvino.target import fused_producers, linears_not_int8, runtime_share
+from vitexport.runners.host import int8_dot_saturates
 
 IMG = 32
 
@@ -85,4 +87,36 @@ def test_the_runtime_share_is_gated_and_a_float_layer_is_named_with_why(exported
                               float_layers=[(fc1, "FullyConnected", "f32", 64)])
     share = runtime_share(moved, {n.name for n in quantized_linears(load_model(out / "model.int8.onnx"))}, [])
     assert share.share == 0.75 and [f.name for f in share.float_layers] == ["/model/model/blocks/blocks.0/mlp/fc1/MatMul"]
-    assert "Q/DQ'd in model.int8.onnx, yet OpenVINO's low-precision transformations kept it in f32" in share.float_layers[0].why
+    assert "Q/DQ'd in model.int8.onnx, yet OpenVINO's CPU plugin kept it in f32" in share.float_layers[0].why
+
+
+def test_a_layer_named_after_the_node_that_reads_a_matmul_is_that_matmul(exported):
+    """OpenVINO may name a fused layer after a reader alone (BERT's Q·Kᵀ with its scale runs as a MatMul named
+    ``attention/self/Mul``): the share reads it back to the Q/DQ'd MatMul, not 'no Q/DQ on it'."""
+    _, out = exported
+    qdq = load_model(out / "model.int8.onnx")
+    fc1 = next(n for n in qdq.graph if n.name.endswith("fc1/MatMul"))
+    reader = next(u for v in fc1.outputs for u, _ in v.uses())
+    assert reader.op_type != "MatMul" and fused_producers(qdq)[reader.name] == fc1.name
+    lone = RuntimePrecisions(macs={"FullyConnected": {"f32": 64}}, layers=[], int8_layers=[],
+                             float_layers=[((reader.name,), "FullyConnected", "f32", 64)])
+    quantized = {n.name for n in quantized_linears(qdq)}
+    named = runtime_share(lone, quantized, [], fused_producers(qdq)).float_layers[0]
+    assert named.name == fc1.name and named.why.startswith("Q/DQ'd in model.int8.onnx")
+    assert runtime_share(lone, quantized, []).float_layers[0].why.startswith("no Q/DQ on it")  # unread: misnamed
+
+
+def test_weights_are_7_bit_exactly_where_this_cpu_saturates_8_bit_ones(exported):
+    """reduce_range_weights=auto (the openvino recipe's default): |q| <= 63 where the CPU lacks VNNI/AMX, the
+    full int8 range where it has them, and the report says which and why; true / false force it."""
+    arts, out = exported
+    qdq = load_model(out / "model.int8.onnx")
+    qmax = max(int(np.abs(v.const_value.numpy()).max()) for n in qdq.graph if n.op_type == "DequantizeLinear"
+               for v in n.inputs[:1] if v.const_value is not None and v.const_value.dtype == ir.DataType.INT8)
+    assert qmax == (63 if int8_dot_saturates() else 127)
+    notes = next(s for s in json.loads((out / "parity.json").read_text())["stages"] if s["stage"] == "quantize_int8")["notes"]
+    assert any(n.startswith("weights: 7-bit" if int8_dot_saturates() else "weights: 8-bit") for n in notes)
+    assert load_target("openvino").encoding().weight_qmax == qmax
+    assert load_target("openvino", ["quantization.reduce_range_weights=true"]).encoding().weight_qmax == 63
+    assert load_target("openvino", ["quantization.reduce_range_weights=false"]).encoding().weight_qmax == 127
+    assert load_target("openvino", ["quantization.reduce_range_weights=false"]).weight_range_note() is None

@@ -11,6 +11,7 @@ import pytest
 
 from vitexport.runners import OnnxRuntimeRunner
 from vitexport.targets.openvino.runner import OpenVinoRunner, save_ir
+from vitexport.runners.host import int8_dot_saturates
 from vitexport.runners.sessions import QDQ_AS_FLOAT
 from vitexport.errors import BadInput
 
@@ -20,8 +21,10 @@ from rknn_models import CONV_MACS, DIM, TOKENS, qdq_convs, qdq_linear  # noqa: E
 
 @pytest.fixture
 def qdq_file(tmp_path) -> Path:
+    """7-bit weights where this CPU lacks VNNI (as reduce_range_weights=auto writes them): there OpenVINO's
+    u8 x s8 int16 pair sums saturate on 8-bit weights (cosine 0.9985 to the float Q/DQ arithmetic here)."""
     path = tmp_path / "lin.onnx"
-    onnx.save(qdq_linear(cout=64), path)
+    onnx.save(qdq_linear(cout=64, qmax=63 if int8_dot_saturates() else 127), path)
     return path
 
 
@@ -42,6 +45,19 @@ def test_openvino_matches_onnxruntime_and_runs_int8(qdq_file):
     assert prec.int8_share == 1.0
 
 
+@pytest.mark.skipif(not int8_dot_saturates(), reason="this CPU has VNNI or AMX: its int8 sums do not saturate")
+def test_on_a_cpu_without_vnni_8_bit_weights_saturate_and_7_bit_ones_do_not(tmp_path):
+    """Why reduce_range_weights=auto: OpenVINO's u8 x s8 int16 pair sums clip on 8-bit weights here."""
+    cos = {}
+    for qmax in (127, 63):
+        onnx.save(qdq_linear(cout=64, qmax=qmax), tmp_path / f"w{qmax}.onnx")
+        with OpenVinoRunner(tmp_path / f"w{qmax}.onnx", threads=1) as ov_run, \
+                OnnxRuntimeRunner(tmp_path / f"w{qmax}.onnx", config=QDQ_AS_FLOAT) as ort_run:
+            pairs = [(ov_run.infer(f)["output"], ort_run.infer(f)["output"]) for f in _feeds(3)]
+        cos[qmax] = min(float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in pairs)
+    assert cos[63] > 0.9999 > cos[127], cos
+
+
 def test_grouped_and_depthwise_convs_count_what_they_compute(tmp_path):
     """The runtime model keeps a grouped conv's weight 5-D [G, Cout/G, Cin/G, kh, kw]: read as
     [Cout, Cin, ...] it would count the 4-group conv 4-fold; every conv counts its MACs by hand."""
@@ -49,7 +65,9 @@ def test_grouped_and_depthwise_convs_count_what_they_compute(tmp_path):
     onnx.save(qdq_convs(), path)
     with OpenVinoRunner(path, threads=1) as run:
         prec = run.precisions()
-    assert prec.macs == {"Convolution": {"i8": sum(v[-1] for v in CONV_MACS.values())}}
+    # one integer type: i8 where VNNI takes int8 activations, u8 where AVX2's vpmaddubsw needs them unsigned
+    (kind, macs), = prec.macs["Convolution"].items()
+    assert set(prec.macs) == {"Convolution"} and kind in ("i8", "u8") and macs == sum(v[-1] for v in CONV_MACS.values())
 
 
 def test_float_model_runs_float(tmp_path):

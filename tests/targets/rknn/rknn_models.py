@@ -54,12 +54,12 @@ def _qdq(nodes, inits, x: str, scale: float, tag: str) -> str:
     return f"{tag}_dq"
 
 
-def qdq_linear(seed: int = 0, cout: int = 32) -> onnx.ModelProto:
-    """x[1,T,D] → Q/DQ → MatMul(DQ(int8 W[D,cout]) per output channel) → + bias → Relu: the layout
-    vitexport's quantizer writes for a Linear."""
+def qdq_linear(seed: int = 0, cout: int = 32, qmax: int = 127) -> onnx.ModelProto:
+    """x[1,T,D] → Q/DQ → MatMul(DQ(int8 W[D,cout]) per output channel, |q| <= qmax) → + bias → Relu: the
+    layout vitexport's quantizer writes for a Linear."""
     rs = np.random.RandomState(seed)
     w = (rs.randn(DIM, cout) * 0.2).astype(np.float32)
-    ws = np.abs(w).max(axis=0) / 127
+    ws = np.abs(w).max(axis=0) / qmax
     nodes: list = []
     inits = [nh.from_array(np.round(w / ws).astype(np.int8), "wq"), nh.from_array(ws.astype(np.float32), "ws"),
              nh.from_array(np.zeros(cout, np.int8), "wz"), nh.from_array((rs.randn(cout) * 0.1).astype(np.float32), "b")]

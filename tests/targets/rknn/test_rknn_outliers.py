@@ -10,6 +10,7 @@ import pytest
 
 from rknn_models import DIM, TOKENS, qdq_linear
 from vitexport.graph.files import save_model
+from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.client import RknnRequest, rknn_missing, run_rknn
 from vitexport.targets.rknn.outliers import ScaledLinearOutputs, channel_ranges, channel_scales
 from vitexport.targets.rknn.qdq import LinearsAsConv, linear_sites
@@ -35,7 +36,8 @@ def _feeds(n: int = 8) -> list[dict[str, np.ndarray]]:
 
 def _run(model: ir.Model, feeds) -> np.ndarray:
     data = ir.serde.serialize_model(model).SerializeToString()
-    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    # Q/DQ as float (the NPU's arithmetic), not ONNX Runtime's x86 integer kernels, which saturate without VNNI
+    sess = ort.InferenceSession(data, session_options(QDQ_AS_FLOAT), providers=["CPUExecutionProvider"])
     return np.concatenate([sess.run(None, f)[0] for f in feeds])
 
 

@@ -12,6 +12,7 @@ from onnx import numpy_helper as nh
 from rknn_models import (
     DIM, HEADS, TOKENS, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv, qdq_unhalved_gelu,
 )
+from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.targets.rknn.qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
@@ -21,8 +22,11 @@ from vitexport.targets.rknn.routes import layout_hazards, qdq_layout
 
 
 def _run(model: ir.Model, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """Q/DQ as float (the NPU's arithmetic): ONNX Runtime's x86 integer kernels saturate u8 x s8 int16 sums on
+    CPUs without VNNI, which would test the host CPU rather than the rewrite."""
     proto = ir.serde.serialize_model(model)
-    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    sess = ort.InferenceSession(proto.SerializeToString(), session_options(QDQ_AS_FLOAT), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)[0]
 
 
 def test_linears_as_conv_writes_qdq_convs_with_the_same_function():

@@ -14,7 +14,7 @@ target owns
 """
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import onnx_ir as ir
 
@@ -24,13 +24,15 @@ from ...graph.query import quantized_linears
 from ...parity.share import SHARE_KEY, FloatLayer, Int8Share
 from ...quantize.precision import reads_int8
 from ...recipe import Recipe, TargetStage
+from ...runners.host import cpu_int8_isa, int8_dot_saturates
 from .runner import OpenVinoRunner, save_ir
 from .runner import RuntimePrecisions
 from ...stages.base import INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
 from .._base import Target
 from .._registry import register_target
 
-__all__ = ["OpenVinoTarget", "BUILD_ENGINE", "BuildIrStage", "OPENVINO", "IR_XML", "IR_BIN", "linears_not_int8", "runtime_share"]
+__all__ = ["OpenVinoTarget", "BUILD_ENGINE", "BuildIrStage", "OPENVINO", "IR_XML", "IR_BIN", "linears_not_int8", "runtime_share",
+           "fused_producers"]
 
 IR_XML, IR_BIN = "model.xml", "model.bin"
 
@@ -55,14 +57,26 @@ def _source_node(sources: tuple[str, ...]) -> str:
                 names[0] if names else "?")
 
 
-def runtime_share(precisions: RuntimePrecisions, quantized: set[str], hints: Sequence[str]) -> Int8Share:
+def fused_producers(model: ir.Model) -> dict[str, str]:
+    """Each node that reads a GEMM/Conv's output → that GEMM/Conv: OpenVINO may name the layer it fuses them
+    into after the reader alone (BERT's scores ``attention/self/Mul`` is the Q·Kᵀ MatMul with its scale)."""
+    return {n.name: p.name for n in model.graph if n.op_type not in MAC_OPS
+            for v in n.inputs[:2] if v is not None and (p := v.producer()) is not None and p.op_type in MAC_OPS}
+
+
+def runtime_share(precisions: RuntimePrecisions, quantized: set[str], hints: Sequence[str],
+                  fused: Mapping[str, str] | None = None) -> Int8Share:
     """The INT8 share OpenVINO's runtime model reports, every GEMM/Conv layer without an integer kernel
     named with why: Q/DQ'd in the file yet run in float (OpenVINO's low-precision transformations
-    declined it), or without Q/DQ in the file (the quantizer's notes say why)."""
-    layers = []
+    declined it, or this CPU has no integer kernel for it), or without Q/DQ in the file (the quantizer's
+    notes say why). ``fused``: :func:`fused_producers` of the file, to read a layer named after a reader."""
+    layers, fused = [], fused or {}
     for sources, layer, prec, macs in precisions.float_layers:
+        sources = tuple(fused.get(s.split("/WithoutBiases")[0], s) for s in sources)
         node = _source_node(sources)
-        why = (f"Q/DQ'd in {INT8_ONNX}, yet OpenVINO's low-precision transformations kept it in {prec}"
+        why = (f"Q/DQ'd in {INT8_ONNX}, yet OpenVINO's CPU plugin kept it in {prec}"
+               + (f" on this CPU ({cpu_int8_isa()}: it has integer kernels for fewer MatMul forms than a CPU with VNNI "
+                  "or AMX, which may run it INT8)" if int8_dot_saturates() else "")
                if quantized & set(s.split("/WithoutBiases")[0] for s in sources) else
                f"no Q/DQ on it in {INT8_ONNX} (quantize_int8's INT8-share note says why the quantizer left it float)")
         layers.append(FloatLayer(node, layer, macs, f"{prec} on the CPU plugin", why))
@@ -94,7 +108,7 @@ class BuildIrStage:
         missing = linears_not_int8(prec, linears)
         runtime = {**prec.to_dict(), "quantized_linears": len(linears), "linears_not_int8": missing}
         int8 = {n.name for n in qdq.graph if n.op_type in MAC_OPS and reads_int8(n)}
-        share = runtime_share(prec, int8, ctx.target.int8_share_hints)
+        share = runtime_share(prec, int8, ctx.target.int8_share_hints, fused_producers(qdq))
         notes = [f"OpenVINO CPU plugin runtime model: {prec.int8_share:.1%} of GEMM/Conv multiply-accumulates in "
                  f"INT8 kernels; {len(linears) - len(missing)} of {len(linears)} quantized Linears run INT8"
                  + (f" (not: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})" if missing else "")]
