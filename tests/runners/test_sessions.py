@@ -44,7 +44,10 @@ def test_configs_reach_onnx_runtime(tmp_path):
     path, _ = _model(tmp_path)
     opts = Session(path, QDQ_AS_FLOAT).session.get_session_options()
     assert opts.get_session_config_entry("session.disable_quant_qdq") == "1"
-    assert opts.get_session_config_entry("session.disable_prepacking") == "1" and not opts.enable_cpu_mem_arena
+    assert opts.get_session_config_entry("session.disable_prepacking") == "1"
+    # a Q/DQ evaluation recycles buffers in an arena, without the pattern's whole-run block; calibration has neither
+    assert opts.enable_cpu_mem_arena and not opts.enable_mem_pattern
+    assert not Session(path, LOW_MEMORY).session.get_session_options().enable_cpu_mem_arena
     timing = Session(path, TIMING)
     assert timing.weights == {}  # a timed session reads the file itself: pre-packed constant weights
     assert timing.session.get_session_options().intra_op_num_threads == 2
