@@ -30,10 +30,10 @@ SCENE = dict(size=64, min_objects=1, max_objects=3, min_side=12, max_side=30)
 #: first seed of each split; the training scripts draw from TRAIN_BASE upwards (never reaching the others)
 SPLIT_SEEDS = {"calib": 1_000_000, "parity": 2_000_000, "score": 3_000_000}
 TRAIN_BASE = 0
-#: the detector: YOLOS (a plain ViT: 64 patches of 8×8 plus 10 detection tokens, for at most 3 objects; 16-pixel
-#: patches leave a 4×4 grid too coarse to place a 12-pixel shape)
+#: the detector: YOLOS (a plain ViT: 64 patches of 8×8 plus 16 detection tokens, one per cell of a 4×4 tiling, for
+#: at most 3 objects; 16-pixel patches leave a 4×4 grid too coarse to place a 12-pixel shape)
 YOLOS = dict(image_size=[64, 64], patch_size=8, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-             intermediate_size=128, num_detection_tokens=10, use_mid_position_embeddings=False,
+             intermediate_size=128, num_detection_tokens=16, use_mid_position_embeddings=False,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 #: the segmenter: SegFormer (Mix Transformer, 4 stages, efficient attention with reduction convs, all-MLP decoder)
 SEGFORMER = dict(num_channels=3, num_encoder_blocks=4, depths=[1, 1, 1, 1], sr_ratios=[4, 2, 1, 1],
@@ -135,7 +135,8 @@ def build_yolos(**overrides):
     treats identical tokens identically, and every token predicts the same box and class for ever, whatever the
     loss (the earlier held-out mAP 0.001). They are drawn here as the YOLOS and DeiT code draws them
     (truncated normal, std 0.02). Needed, not enough: drawn apart, the queries still learnt an image-independent
-    tiling in 3000 steps (their attention over the patches stayed uniform; mAP 0.0007)."""
+    tiling in 3000 steps with the Hungarian-matched loss (their attention over the patches stayed uniform; mAP
+    0.0007); ``scripts/train_detector.py`` trains them with a fixed assignment to cells of the image instead."""
     import torch
     from transformers import YolosConfig, YolosForObjectDetection
 

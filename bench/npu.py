@@ -345,9 +345,9 @@ def render(results: dict, ov: dict, samples: int, trained_samples: int, ethos: d
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet,shapes_segformer,"
+    ap.add_argument("--models", default="demo,vit_tiny,swin,digits_vit,text_encoder,photo_swin,minilm,mpnet,shapes_yolos,shapes_segformer,"
                                       "photo_mobilevit,photo_effvit")
-    ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder,minilm,mpnet,shapes_segformer,"
+    ap.add_argument("--ov-models", default="vit_tiny,vit_small,demo,digits_vit,text_encoder,minilm,mpnet,shapes_yolos,shapes_segformer,"
                                          "photo_mobilevit,photo_effvit")
     ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
     ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")

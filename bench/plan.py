@@ -181,11 +181,8 @@ def cases_plan() -> CasePlan:
     keys, sizes = gen_cases(range(16))
     return CasePlan(
         name="peers",
-        # shapes_yolos is not in the default run yet: scripts/train_detector.py does not reach a useful held-out mAP
-        # in the minutes this machine gives it (issue 29: 3000 steps, 20 min at load 18, mAP 0.0007 — its queries
-        # tile the image but ignore it); `--models shapes_yolos` measures it
         cases=("demo", "digits_vit", "text_encoder", "photo_swin", "doc_encoder", "minilm", "mpnet", "vit_base_outlier",
-               "shapes_segformer", "photo_mobilevit", "photo_effvit", *keys),
+               "shapes_yolos", "shapes_segformer", "photo_mobilevit", "photo_effvit", *keys),
         extra={"vit_base_outlier": (("vx", 256), ("nncf", 256))},
         sizes={"vit_base_outlier": {"parity": 32, "score": 64}, "minilm": {"parity": 256, "score": 512},
                "mpnet": {"parity": 256, "score": 512}, **sizes},

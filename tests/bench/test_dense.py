@@ -97,3 +97,57 @@ def test_yolos_detection_tokens_start_apart():
         tokens = model.vit(torch.from_numpy(scenes(2, 0)["x"])).last_hidden_state[0, -model.config.num_detection_tokens :]
     # the detection tokens' last hidden states (what the heads read): all alike (distance 0) when left at zeros
     assert torch.cdist(tokens, tokens).fill_diagonal_(1.0).min() > 0.1
+
+
+def _train_detector():
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import train_detector
+
+    return train_detector
+
+
+def test_detector_tokens_answer_for_the_cell_of_a_centre_and_collisions_move_to_the_nearest_free_cell():
+    import torch
+
+    td = _train_detector()
+    # centres in cells 0 (top-left), 5 (second row, second column) and 15 (bottom-right) of a 4 × 4 tiling
+    boxes = torch.tensor([[0.1, 0.1, 0.2, 0.2], [0.3, 0.3, 0.2, 0.2], [0.9, 0.9, 0.2, 0.2]])
+    assert td.grid_assign(boxes, 4).tolist() == [0, 5, 15]
+    # two centres in cell 0: the second goes to the free cell nearest its centre (right of it: cell 1)
+    crowded = torch.tensor([[0.1, 0.1, 0.2, 0.2], [0.2, 0.12, 0.2, 0.2]])
+    assert td.grid_assign(crowded, 4).tolist() == [0, 1]
+
+
+def test_detector_loss_falls_when_the_assigned_token_states_its_object():
+    import torch
+
+    td = _train_detector()
+    labels = [{"class_labels": torch.tensor([2]), "boxes": torch.tensor([[0.4, 0.4, 0.2, 0.3]])}]
+    logits = torch.zeros(1, 16, 4)
+    logits[..., -1] = 4.0  # every token says "no object"
+    boxes = torch.full((1, 16, 4), 0.5)
+    before = td.grid_loss(logits, boxes, labels, 4)
+    slot = int(td.grid_assign(labels[0]["boxes"], 4)[0])
+    logits[0, slot] = torch.tensor([0.0, 0.0, 4.0, 0.0])
+    boxes[0, slot] = labels[0]["boxes"][0]
+    after = td.grid_loss(logits, boxes, labels, 4)
+    assert after < before - 1.0
+    wrong = logits.clone()
+    wrong[0, slot], wrong[0, (slot + 1) % 16] = wrong[0, (slot + 1) % 16].clone(), wrong[0, slot].clone()
+    assert td.grid_loss(wrong, boxes, labels, 4) > after + 1.0  # the right answer from another token does not count
+
+
+def test_attention_window_hint_prefers_looking_near_the_cell():
+    import torch
+
+    td = _train_detector()
+    window = td.attention_window(64, 8, 4)  # 16 cells × 64 patches
+    assert window.shape == (16, 64) and (window.sum(1) > 0).all()
+    assert window[0, 0] == 1 and window[0, 63] == 0  # the top-left cell sees the top-left patch, not the far corner
+    tokens = 1 + 64 + 16
+    uniform = torch.full((1, 1, 1, tokens, tokens), 1.0 / tokens)
+    focused = torch.zeros(1, 1, 1, tokens, tokens)
+    focused[..., -16:, 1:65] = window / window.sum(1, keepdim=True)
+    assert td.window_loss((focused[0],), window) < 1e-5 < td.window_loss((uniform[0],), window)

@@ -18,11 +18,17 @@ import onnx_ir as ir
 from ..calibration.feeds import FeedSet
 from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
 from ..parity.metrics import CompareResult, compare
+from ..parity.tasks import task_checks
 from ..recipe import Tolerance
 from .profile import QuantProfile
 from .tail import GateInfo, Prediction, predict
 
-__all__ = ["Verdict", "Judge", "judge_outputs", "run_outputs", "primary_index"]
+__all__ = ["Verdict", "Judge", "judge_outputs", "run_outputs", "primary_index", "task_gated", "add_task_checks",
+           "TASK_JUDGED"]
+
+#: the tasks whose INT8 gate measures a task metric by default (:data:`~vitexport.recipe.TASK_GATES`), so the
+#: judge measures it too (an embedder's recall is reported, not gated)
+TASK_JUDGED = ("detect", "segment", "depth")
 
 
 def primary_index(names: list[str]) -> int:
@@ -39,6 +45,23 @@ def _primary(sess: Session, feeds: FeedSet, i: int, on_run: Callable[[int], None
         if on_run is not None:
             on_run(len(out[-1]))
     return feeds.trim(np.concatenate(out, axis=0)).astype(np.float32)
+
+
+def _every(sess: Session, feeds: FeedSet, on_run: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+    """Every output of ``sess`` over ``feeds`` by name (padding trimmed), float32."""
+    parts: list[list[np.ndarray]] = [[] for _ in sess.output_names]
+    for f in feeds:
+        for part, value in zip(parts, sess.run(None, f)):
+            part.append(value)
+        if on_run is not None:
+            on_run(len(parts[0][-1]))
+    return {n: feeds.trim(np.concatenate(p, axis=0)).astype(np.float32) for n, p in zip(sess.output_names, parts)}
+
+
+def task_gated(task: str | None) -> bool:
+    """Whether the INT8 gate applies task metrics the judge must also apply (:data:`~vitexport.recipe.TASK_GATES`:
+    a detector's mAP, a segmenter's mIoU and pixel agreement, a depth model's AbsRel and δ1)."""
+    return task in TASK_JUDGED
 
 
 def run_outputs(model: ir.Model, feeds: FeedSet, config: SessionConfig = LOW_MEMORY,
@@ -58,6 +81,8 @@ class Verdict:
     selection: CompareResult
     prediction: Prediction
     checks: dict[str, bool] = field(default_factory=dict)
+    #: the task metrics on the selection samples, as the report writes them (None: no task gate)
+    task: str | None = None
 
     def __bool__(self) -> bool:
         return all(self.checks.values())
@@ -79,7 +104,8 @@ class Verdict:
     def to_dict(self) -> dict:
         return {"passed": bool(self), "checks": dict(self.checks), "prediction": self.prediction.to_dict(),
                 "selection": {"passed": bool(self.selection), "metrics": self.selection.metrics.to_dict(),
-                              "checks": [c.to_dict() for c in self.selection.checks]}}
+                              "checks": [c.to_dict() for c in self.selection.checks],
+                              **({"task": self.task} if self.task is not None else {})}}
 
 
 class Judge:
@@ -99,8 +125,16 @@ class Judge:
                  config: SessionConfig, profile: QuantProfile | None = None, screen_ref: np.ndarray | None = None):
         self.select, self.screen, self.tol, self.gate, self.config = select, screen, tolerance, gate, config
         self.profile = profile if profile is not None else QuantProfile()
+        #: every output on the selection where the gate applies task metrics (a detector's boxes beside its logits)
+        self.task_ref: dict[str, np.ndarray] | None = None
         with self.profile.step("reference"):
-            self.ref_sel = run_outputs(model, select, LOW_MEMORY, self.profile.ran)
+            if task_gated(gate.task):
+                sess = Session(model, LOW_MEMORY)
+                self.task_ref = _every(sess, select, self.profile.ran)
+                self.ref_sel = self.task_ref[sess.output_names[primary_index(sess.output_names)]]
+                del sess
+            else:
+                self.ref_sel = run_outputs(model, select, LOW_MEMORY, self.profile.ran)
             self.ref_scr = None
             if screen is not None and len(screen):
                 fits = screen_ref is not None and len(screen_ref) == len(screen)
@@ -118,13 +152,30 @@ class Judge:
         self.evaluations += 1
         sess = Session(qdq, self.config)
         i = primary_index(sess.output_names)
-        out_sel = _primary(sess, self.select, i, self.profile.ran)
+        outs = _every(sess, self.select, self.profile.ran) if self.task_ref is not None else None
+        out_sel = outs[sess.output_names[i]] if outs is not None else _primary(sess, self.select, i, self.profile.ran)
         out_scr = None if self.ref_scr is None else _primary(sess, self.screen, i, self.profile.ran)
         del sess
         ref_scr = None if out_scr is None else self.ref_scr.reshape(out_scr.shape)
         labels = self.select.labels  # a segmenter's label maps are the task gate's, not accuracy's
-        return judge_outputs((self.ref_sel, out_sel), None if out_scr is None else (ref_scr, out_scr), self.tol, self.gate,
-                             labels if labels is not None and labels.ndim == 1 else None)
+        verdict = judge_outputs((self.ref_sel, out_sel), None if out_scr is None else (ref_scr, out_scr), self.tol,
+                                self.gate, labels if labels is not None and labels.ndim == 1 else None)
+        if outs is not None and self.task_ref is not None:
+            add_task_checks(verdict, self.gate, self.task_ref, outs, self.tol)
+        return verdict
+
+
+def add_task_checks(verdict: Verdict, gate: GateInfo, reference: dict[str, np.ndarray], outs: dict[str, np.ndarray],
+                    tolerance: Tolerance) -> None:
+    """The gate's task checks (:func:`~vitexport.parity.tasks.task_checks`: mAP, mIoU, AbsRel…) measured on the
+    selection samples, added to ``verdict`` as ``selection <check>``: a detector whose logits agree to a cosine
+    of 0.998 can still lose boxes (a trained YOLOS: gate mAP vs FP32 0.984, needed 0.995, while the fallback,
+    steering by cosine alone, kept no layer in float)."""
+    metrics, checks, _ = task_checks(gate.task, reference, outs, tolerance, scores=gate.detect_scores)
+    for c in checks:
+        verdict.checks[f"selection {c.metric}"] = bool(c.passed)
+    if metrics is not None:
+        verdict.task = metrics.short().strip()
 
 
 def judge_outputs(selection: tuple[np.ndarray, np.ndarray], screen: tuple[np.ndarray, np.ndarray] | None,

@@ -72,19 +72,25 @@ class GateInfo:
         reference_accuracy: the untouched model's top-1 accuracy on them (None: not known). Accuracy
             cannot drop by more than it: labels that do not index the output (an embedding's channels,
             0 % accuracy) predict no loss, so the fallback does not chase flips no label can count.
+        task: the model's task (``detect``, ``segment``…; None or ``classify``: no task gate).
+        detect_scores: how a detector's logits score (``softmax`` with a "no object" class, or ``sigmoid``).
     """
 
     samples: int
     labelled: bool = False
     reference_accuracy: float | None = None
+    task: str | None = None
+    detect_scores: str = "softmax"
 
     @classmethod
-    def from_reference(cls, output: np.ndarray, labels: np.ndarray | None) -> GateInfo:
-        """The gate of a golden reference: its sample count, labels and (for 2-D outputs) accuracy."""
+    def from_reference(cls, output: np.ndarray, labels: np.ndarray | None, task: str | None = None,
+                       detect_scores: str = "softmax") -> GateInfo:
+        """The gate of a golden reference: its sample count, labels and (for 2-D outputs) accuracy; ``task``
+        (and a detector's ``detect_scores``): what the gate's task metrics read (:mod:`vitexport.parity.tasks`)."""
         if labels is None:
-            return cls(len(output))
+            return cls(len(output), task=task, detect_scores=detect_scores)
         acc = float((output.argmax(1) == np.asarray(labels).reshape(-1)).mean()) if output.ndim == 2 else None
-        return cls(len(output), True, acc)
+        return cls(len(output), True, acc, task, detect_scores)
 
     def accuracy_drop(self, flip_rate: float) -> float:
         """The predicted accuracy drop: every expected flip a lost sample, but never more than the

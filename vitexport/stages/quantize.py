@@ -9,6 +9,7 @@ from typing import ClassVar
 from ..parity import localize_layers
 from ..parity.share import SHARE_KEY, SHARE_METRICS, FloatLayer, Int8Share
 from ..quantize import GateInfo, quantize_int8
+from ..quantize.judge import TASK_JUDGED
 from ..recipe import Recipe, StageName
 from ..runners import OnnxRuntimeRunner
 from .base import FP32_ONNX, INT8_ONNX, ArtifactWriter, RunContext, StageOutput, content_key, model_files, model_hash
@@ -42,13 +43,16 @@ class QuantizeStage:
 
     def run(self, ctx: RunContext) -> StageOutput:
         fp32, int8 = ctx.files[FP32_ONNX], ctx.out_dir / INT8_ONNX
-        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.class_labels)
+        meta = ctx.reference.meta
+        gate = GateInfo.from_reference(ctx.reference.output, ctx.reference.class_labels, meta.get("task"),
+                                       meta.get("detect_scores", "softmax"))
         q = quantize_int8(fp32, int8, ctx.calib, ctx.target, ctx.out_dir, gate)
         attention = ctx.target.attention_note(q.attention)
         notes = [*q.notes, *_predicted(q), *([attention] if attention else []), *_precision(q, int8, ctx.target),
                  ctx.target.arithmetic]
         if len(ctx.reference.outputs) > 1:
-            notes.append(f"the calibration judge and fallback steer by the primary output '{ctx.reference.primary}'; "
+            task = f" and the {meta['task']} task's gates on every output it reads" if meta.get("task") in TASK_JUDGED else ""
+            notes.append(f"the calibration judge and fallback steer by the primary output '{ctx.reference.primary}'{task}; "
                          "this stage's gate checks every output")
         # the scale table and what the target wrote from the scales (orin: calibration.cache) are
         # kept, hashed and resumed with the model
@@ -146,6 +150,7 @@ def _predicted(q) -> list[str]:
     line = (f"predicted from {q.selection}: the gate's worst cosine over {p['gate_samples']} sample(s) "
             f"≥ {p['cosine_min']:.6f} (the selection samples' own minimum {m['cosine_min']:.6f}"
             + (f", gated top-1 {top1:.4f}" if top1 is not None else "")
+            + (f", task {q.parity['selection']['task']}" if q.parity["selection"].get("task") else "")
             + (f"; expected top-1 flips {p['flip_rate'] * p['gate_samples']:.2f} of {p['gate_samples']} "
                f"(upper {(p.get('flip_rate_upper') or 0.0) * p['gate_samples']:.2f})" if p.get("flip_rate") is not None else "")
             + f"); {'passes' if q.parity['passed'] else 'misses'} the budget by this prediction; the gate then measures "
