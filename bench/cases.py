@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .gen import draw, is_held_out, prepare_gen
-from .splits import select_calibration
+from .splits import LABEL_KEYS, inputs_only, select_calibration
 
 __all__ = ["CaseSpec", "CASES", "GEN_SEEDS", "prepare_case", "plant_vit_outliers", "write_calib_subset", "file_digest"]
 
@@ -181,8 +181,11 @@ def write_calib_subset(src: Path, dst: Path, n: int, seed: int = 0) -> Path:
     in file order; given this file and ``num_samples=n``, vitexport takes every row, and so do the peers.
     """
     with np.load(src) as z:
-        arrays = {k: z[k] for k in z.files if k != "y"}
+        arrays = inputs_only(z)
+        # a detector's box labels go with its images: vitexport's judge steers by them (the peers read inputs only)
+        labels = {k: z[k] for k in LABEL_KEYS if "y_boxes" in z.files}
     idx = select_calibration(len(next(iter(arrays.values()))), n, seed)
+    arrays.update(labels)
     tmp = dst.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         np.savez(fh, **{k: v[idx] for k, v in arrays.items()})
@@ -386,7 +389,7 @@ def prepare_case(spec: CaseSpec, work: Path, max_calib: int, sizes: dict[str, in
         model, info = _trained(spec, work, tiny)
     with np.load(work / "score.npz") as z:
         score = {k: z[k] for k in z.files}
-    names = [k for k in score if k != "y"]
+    names = [k for k in score if k not in LABEL_KEYS]
     out = _torch_outputs(model, score, names).astype(np.float32)
     ref: dict[str, np.ndarray] = {"out": out}
     if "y" in score:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .dense_case import DENSE_KINDS, score_dense
+from .splits import inputs_only
 
 __all__ = ["score_onnx", "cosines", "main"]
 
@@ -61,7 +62,7 @@ def score_onnx(onnx_path: str | Path, score_npz: str | Path, reference_npz: str 
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     with np.load(score_npz) as z:
-        data = {k: z[k] for k in z.files if k != "y"}
+        data = inputs_only(z)
     with np.load(reference_npz) as z:
         ref = {k: z[k] for k in z.files}
     names = [i.name for i in sess.get_inputs()]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["select_calibration"]
+__all__ = ["select_calibration", "LABEL_KEYS", "inputs_only"]
+
+#: an ``.npz``'s label arrays, never a model input: classes (or a detector's class per box) and a detector's boxes
+LABEL_KEYS = ("y", "y_boxes")
+
+
+def inputs_only(z) -> dict[str, np.ndarray]:
+    """The model inputs of an open ``.npz`` (its label arrays left out)."""
+    return {k: z[k] for k in z.files if k not in LABEL_KEYS}
 
 
 def select_calibration(n_total: int, num_samples: int, seed: int = 0) -> np.ndarray:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .splits import select_calibration
+from .splits import inputs_only, select_calibration
 
 __all__ = ["TASKS", "main", "select_calibration", "vm_hwm_bytes"]
 
@@ -183,7 +183,7 @@ def task_plain(a: dict) -> dict:
         export_s = time.perf_counter() - t0
         del model
     with np.load(a["calib"]) as z:
-        calib = {k: z[k] for k in z.files if k != "y"}
+        calib = inputs_only(z)
     idx = select_calibration(len(next(iter(calib.values()))), int(a["num_samples"]))
     feeds = {k: v[idx] for k, v in calib.items()}
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,

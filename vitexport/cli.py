@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"what the outputs mean, one of {', '.join(TASKS)}: its metrics are gated beside cosine "
                         "(mAP, mIoU, AbsRel, recall@k); default: from the model (a ...ForObjectDetection detects)")
     e.add_argument("--calib", default=None, help="calibration data: image folder or .npz")
-    e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y')")
+    e.add_argument("--parity-data", default=None, help="parity data: image folder or .npz (optional labels 'y'; a "
+                   "detector's boxes: 'y' [N, M] beside 'y_boxes' [N, M, 4], or a COCO json in the folder)")
     e.add_argument("--out", default=None, help="output folder (default build/<model>-<target>)")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key, e.g. calibration.method=entropy")
     e.add_argument("--layers", action="store_true", help="per-layer localisation of the INT8 error")

@@ -303,8 +303,8 @@ def _begin(model: LoadedModel, target: RunTarget, out_dir: Path, parity_data: Sa
                                       source=parity_data.source, layers=True if layers else None)
     # every stage's check measures the task's metrics (parity.tasks), reading the outputs as the source says
     reference.meta.update(task=str(model.task), **model.task_options)
-    if reference.pixel_labels is not None:
-        check_label_maps(model.task, reference.outputs, reference.pixel_labels)
+    if reference.task_labels is not None:
+        check_label_maps(model.task, reference.outputs, reference.task_labels, reference.meta.get("detect_scores", "softmax"))
     reference.save(out_dir)
     arts.files["reference.npz"] = out_dir / "reference.npz"
     arts.outputs = {k: [batch, *v.shape[1:]] for k, v in reference.outputs.items()}

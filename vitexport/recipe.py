@@ -95,6 +95,7 @@ TASK_GATES: dict[str, float] = {
     "miou_min": 0.995,
     "pixel_agreement_min": 0.99,
     "miou_labels_drop_max": 0.005,
+    "map_labels_drop_max": 0.005,
     "abs_rel_max": 0.01,
     "delta1_min": 0.995,
 }
@@ -186,7 +187,9 @@ class Tolerance(_Spec):
         default=None, ge=0.0, le=1.0,
         description="detect: least COCO mAP@[.5:.95] (pycocotools) of the stage's detections scored against the "
                     "FP32 model's confident detections as ground truth; null: 0.995 on the INT8 stages, the "
-                    "0.5-point mAP loss a deployment accepts for INT8 (FP32 scores 1.0 against itself); 0: off")
+                    "0.5-point mAP loss a deployment accepts for INT8 (FP32 scores 1.0 against itself), and not "
+                    "gated where the parity data carries box labels (map_labels_drop_max gates then: against FP32 "
+                    "at IoU 0.95, a box that moved a pixel counts as lost, right or wrong); 0: off")
     detect_score_min: float | None = Field(
         default=None, gt=0.0, lt=1.0,
         description="detect: a query is a detection when its best class probability (softmax, the last class "
@@ -206,6 +209,12 @@ class Tolerance(_Spec):
         description="segment, when the parity data carries label maps 'y' [N, H, W]: largest drop of mIoU against "
                     "the labels from the FP32 model's to the stage's; null: 0.005 on the INT8 stages (the 0.5-point "
                     "loss a deployment accepts, as miou_min against FP32); .inf: off")
+    map_labels_drop_max: float | None = Field(
+        default=None, ge=0.0,
+        description="detect, when the parity data carries box labels ('y' [N, M] beside 'y_boxes' [N, M, 4], or an "
+                    "image folder's COCO json): largest drop of COCO mAP@[.5:.95] against the labels from the FP32 "
+                    "model's to the stage's; null: 0.005 on the INT8 stages (the 0.5-point loss a deployment "
+                    "accepts); .inf: off")
     abs_rel_max: float | None = Field(
         default=None, ge=0.0,
         description="depth: largest mean |d - d_fp32| / d_fp32 over pixels with a positive FP32 depth; null: 0.01 on "

@@ -80,6 +80,22 @@ def test_calib_subset_is_what_vitexport_draws(tmp_path):
     np.testing.assert_array_equal(b, got["x"])
 
 
+def test_calib_subset_keeps_a_detectors_box_labels_with_their_images(tmp_path):
+    """A detector's boxes go with the rows drawn (vitexport's judge steers by them; the peers read inputs only)."""
+    from bench.splits import inputs_only
+
+    x = np.random.default_rng(3).standard_normal((30, 2, 4)).astype(np.float32)
+    y = np.arange(30)[:, None] % 3
+    boxes = np.tile(np.linspace(0.1, 0.9, 30, dtype=np.float32)[:, None, None], (1, 1, 4))
+    np.savez(tmp_path / "all.npz", x=x, y=y, y_boxes=boxes)
+    with np.load(write_calib_subset(tmp_path / "all.npz", tmp_path / "c.npz", 9)) as got:
+        assert sorted(got.files) == ["x", "y", "y_boxes"]
+        rows = [int(np.flatnonzero((x == r).all(axis=(1, 2)))[0]) for r in got["x"]]
+        np.testing.assert_array_equal(got["y_boxes"], boxes[rows])
+        np.testing.assert_array_equal(got["y"], y[rows])
+        assert list(inputs_only(got)) == ["x"]
+
+
 # --- scoring ------------------------------------------------------------------------------------------
 
 def test_qdq_as_float_keeps_qdq_nodes_int8_kernels_fuse_them(tmp_path):

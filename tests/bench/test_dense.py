@@ -12,7 +12,7 @@ if str(ROOT) not in sys.path:  # ``bench`` is a top-level folder, not part of th
     sys.path.insert(0, str(ROOT))
 
 from bench.dense import CLASSES, SCENE, coco_ground_truth, scene, scenes  # noqa: E402
-from bench.dense_case import labels_map, labels_miou, score_dense  # noqa: E402
+from bench.dense_case import _label_split, labels_map, labels_miou, score_dense  # noqa: E402
 from bench.dense import label_arrays  # noqa: E402
 
 
@@ -65,6 +65,23 @@ def test_detection_figures_vs_fp32_and_vs_labels():
     worse = score_dense("detection", {"logits": logits, "pred_boxes": shifted}, ref)
     assert worse["map_vs_fp32"] < same["map_vs_fp32"] - 0.2 and worse["map_labels"] < same["map_labels"] - 0.2
     assert worse["class_agreement"] == 1.0 and worse["box_iou_mean"] < 0.9
+
+
+def test_a_split_gets_its_box_labels_in_the_form_vitexport_reads(tmp_path):
+    from vitexport.calibration import load_samples
+    from vitexport.calibration.boxes import per_sample
+
+    d = scenes(6, 11)
+    np.savez(tmp_path / "parity.npz", pixel_values=d["x"])
+    np.savez(tmp_path / "labels_parity.npz", **label_arrays(d, SCENE["max_objects"]))
+    _label_split(tmp_path, "parity")
+    s = load_samples(tmp_path / "parity.npz", {"pixel_values": np.zeros((1, 3, SCENE["size"], SCENE["size"]), np.float32)})
+    for (classes, xyxy), boxes, want in zip(per_sample(s.labels), d["boxes"], d["classes"]):
+        assert classes.tolist() == list(want)
+        np.testing.assert_allclose(xyxy, boxes / SCENE["size"], atol=1e-6)  # the pixel boxes, normalised
+    stamp = (tmp_path / "parity.npz").stat().st_mtime_ns
+    _label_split(tmp_path, "parity")  # labelled already: left alone
+    assert (tmp_path / "parity.npz").stat().st_mtime_ns == stamp
 
 
 def test_segmentation_figures_vs_fp32_and_vs_labels():

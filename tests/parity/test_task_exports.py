@@ -147,6 +147,60 @@ def test_a_segmenter_with_label_maps_is_scored_against_them_and_bad_maps_are_exi
     assert not (tmp_path / "o").exists()
 
 
+def _labelled(folder: Path, path: Path, n: int, seed: int) -> Path:
+    """Parity (or calibration) data for the tiny YOLOS with box labels: the FP32 model's confident detections on
+    ``n`` images, each box nudged by a tenth of its size (labels are never the model's own answers exactly)."""
+    import numpy as np
+
+    x = np.random.default_rng(seed).standard_normal((n, 3, 64, 64)).astype(np.float32)
+    model = transformers.YolosForObjectDetection.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model(pixel_values=torch.from_numpy(x))
+    p = out.logits.softmax(-1)[..., :-1]
+    score, cls = p.max(-1)
+    keep = (score >= 0.5).numpy()
+    y = np.where(keep, cls.numpy(), -1)
+    boxes = out.pred_boxes.numpy().copy()
+    boxes[..., :2] = np.clip(boxes[..., :2] + 0.1 * boxes[..., 2:], 0.0, 1.0)
+    boxes[~keep] = 0.0
+    np.savez(path, pixel_values=x, y=y, y_boxes=boxes)
+    return path
+
+
+@pytest.mark.slow  # one export and a refused one: ~25 s
+def test_a_detector_with_box_labels_is_gated_on_the_map_it_loses_against_them(tmp_path, capsys):
+    folder = _confident_yolos(tmp_path / "yolos")
+    parity = _labelled(folder, tmp_path / "parity.npz", 8, 1)
+    calib = _labelled(folder, tmp_path / "calib.npz", 16, 2)
+    out = tmp_path / "orin"
+    rc = main(["export", "--model", f"hf:{folder}", "--target", "orin", "--out", str(out), *FAST,
+               "--parity-data", str(parity), "--calib", str(calib),
+               "--set", "parity.quantize_int8.map_labels_drop_max=0.5"])
+    assert rc == 0, capsys.readouterr().err
+    q = _stage(out, "quantize_int8")
+    tm = q["task_metrics"]
+    assert 0 < tm["map_labels"] <= 1 and 0 < tm["reference_map_labels"] <= 1
+    drop = next(c for c in q["checks"] if c["metric"].startswith("map_labels_drop"))
+    assert drop["limit"] == 0.5 and drop["value"] == pytest.approx(tm["reference_map_labels"] - tm["map_labels"])
+    assert not any(c["metric"].startswith("map[") for c in q["checks"])  # against FP32: reported, the labels gate
+    assert tm["map"] is not None
+    # the judge steered by the labels too: its selection (held-out calibration samples) carries them
+    details = json.loads((out / ".vitexport-state.json").read_text())["quantize_int8"]["result"]["details"]["quantize"]
+    assert any(k.startswith("selection map_labels_drop") for k in details["parity"]["checks"]), details["parity"]["checks"]
+    assert "mAP vs labels" in (out / "parity.md").read_text()
+    import numpy as np
+
+    with np.load(parity) as z:
+        bad = dict(z)
+    bad["y"][bad["y"] >= 0] = 5  # the tiny YOLOS detects 2 classes
+    np.savez(tmp_path / "bad.npz", **bad)
+    rc = main(["export", "--model", f"hf:{folder}", "--target", "cpu", "--out", str(tmp_path / "o"), *FAST,
+               "--parity-data", str(tmp_path / "bad.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "box labels hold class 5, but the model detects 2 classes" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_task_whose_outputs_the_model_lacks_is_exit_2(tmp_path, capsys):
     folder = _confident_yolos(tmp_path / "yolos")
     rc = main(["export", "--model", f"hf:{folder}", "--target", "cpu", "--out", str(tmp_path / "o"), "--task", "segment"])

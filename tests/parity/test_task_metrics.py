@@ -77,6 +77,47 @@ def test_coco_map_needs_ground_truth():
     assert m.map is None and "no reference query scored" in m.note
 
 
+def _labels_of(logits: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Box labels [n, 3, 5] that are the confident queries of :func:`_detector_outputs` exactly."""
+    return np.concatenate([logits[:, :3, :-1].argmax(-1)[..., None].astype(np.float64), boxes[:, :3]], -1)
+
+
+def test_detections_against_box_labels_gate_the_drop_not_the_map_against_fp32():
+    logits, boxes = _detector_outputs()
+    labels = _labels_of(logits, boxes)
+    moved = boxes.copy()
+    moved[0, 0, 0] += 0.03  # one box of nine moved: a miss at IoU >= 0.55
+    m = detection_metrics(logits, boxes, logits, moved, labels=labels)
+    assert m.reference_map_labels == pytest.approx(1.0) and m.map_labels < 1.0
+    assert m.map_labels_drop == pytest.approx(1.0 - m.map_labels) and m.map_labels == pytest.approx(m.map)  # labels = FP32
+    tol = Int8Tolerance()
+    _, checks, notes = task_checks("detect", {"logits": logits, "pred_boxes": boxes}, {"logits": logits, "pred_boxes": moved},
+                                   tol, labels=labels)
+    by = {c.metric.split("[")[0]: c for c in checks}
+    assert by["map_labels_drop"].limit == 0.005 and not by["map_labels_drop"].passed and not notes
+    assert "map" not in by  # against FP32: measured, not gated, where labels decide
+    # a recipe's own map_min still gates beside the labels
+    _, checks, _ = task_checks("detect", {"logits": logits, "pred_boxes": boxes}, {"logits": logits, "pred_boxes": moved},
+                               tol.model_copy(update={"map_min": 0.5}), labels=labels)
+    assert {c.metric.split("[")[0] for c in checks} >= {"map", "map_labels_drop"}
+    # a segmenter ignores boxes (and says so)
+    _, _, notes = task_checks("segment", {"logits": np.zeros((3, 2, 4, 4))}, {"logits": np.zeros((3, 2, 4, 4))}, tol,
+                              labels=labels)
+    assert notes and "box labels are read by detectors only" in notes[0]
+
+
+def test_box_labels_the_detector_cannot_be_scored_on_are_bad_input():
+    logits, boxes = _detector_outputs()  # 4 classes and "no object"
+    outs = {"logits": logits, "pred_boxes": boxes}
+    labels = _labels_of(logits, boxes)
+    check_label_maps("detect", outs, labels)
+    labels[0, 0, 0] = 4
+    with pytest.raises(BadInput, match="hold class 4, but the model detects 4 classes"):
+        check_label_maps("detect", outs, labels)
+    with pytest.raises(BadInput, match="the model's task is classify: boxes are a detector's"):
+        check_label_maps("classify", {"output": np.zeros((3, 4))}, labels)
+
+
 def test_segment_maps_with_k_flipped_pixels():
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((2, 3, 8, 8))

@@ -1,6 +1,10 @@
 """Calibration / parity data: ``.npz`` files (one array per model input, optional ``y`` labels) and
 image folders (decoded lazily, batch by batch).
 
+Labels come in three kinds: one class per sample ``y`` [N] (accuracy), a segmenter's label maps ``y``
+[N, H, W], and a detector's boxes (:mod:`.boxes`: ``y`` [N, M] beside ``y_boxes`` [N, M, 4] in an ``.npz``,
+or a COCO json in an image folder).
+
 A :class:`SampleSet` yields batches lazily: an image folder never holds more than one batch of
 decoded images, so memory does not grow with the number of samples. Sampling is a seeded
 permutation, so the same path, count and seed always give the same samples in the same order.
@@ -19,6 +23,7 @@ import numpy as np
 from ..errors import BadInput, VitexportWarning, one_line
 from ..preflight.memory import Need, require
 from ..runners.base import feed_size
+from .boxes import box_labels, coco_box_labels, find_coco_json
 from .npz import NpzMember, open_members
 from .images import IMAGE_SUFFIXES, ImagePipeline, digest_files, find_images, read_rgb, resolve_pipeline, why_unreadable
 
@@ -92,8 +97,8 @@ def _hash_labels(h: "hashlib._Hash", labels: np.ndarray | None) -> None:
     """Labels join a set's fingerprint (none: the fingerprint is the inputs' alone): other labels make
     other accuracy and mIoU figures, so a stage recorded under them must run again."""
     if labels is not None:
-        y = np.ascontiguousarray(labels, np.int64)
-        h.update(f"y:{y.shape}".encode())
+        y = np.ascontiguousarray(labels, np.float64 if labels.dtype.kind == "f" else np.int64)  # a detector's boxes
+        h.update(f"y:{y.shape}{'f' if y.dtype.kind == 'f' else ''}".encode())
         h.update(y.tobytes())
 
 
@@ -161,6 +166,8 @@ class ImageFolderSamples(SampleSet):
             h = hashlib.sha256(digest_files(self.files, self.root).encode())
             h.update(self.pipeline.describe().encode())
             h.update(self.dtype.str.encode())
+            if self.labels is not None and self.labels.dtype.kind == "f":  # a COCO json's boxes (class folders: the paths)
+                _hash_labels(h, self.labels)
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
@@ -290,8 +297,14 @@ def _load_npz(p: Path, example: dict[str, np.ndarray], num_samples: int | None, 
         raise BadInput(f"{p}: not a readable .npz file ({one_line(str(exc), 200) or type(exc).__name__})") from None
     if not arrays:
         raise BadInput(f"{p}: holds no arrays")
-    labels = arrays.pop("y", None)
-    labels = None if labels is None else _check_labels(np.asarray(labels), p)
+    labels, boxes = arrays.pop("y", None), arrays.pop("y_boxes", None)
+    if boxes is not None:
+        if labels is None:
+            raise BadInput(f"{p}: 'y_boxes' without 'y'; a detector's labels are 'y' [N, M] (class per box, -1: none) "
+                           "beside 'y_boxes' [N, M, 4]")
+        labels = box_labels(np.asarray(labels), np.asarray(boxes), str(p))
+    elif labels is not None:
+        labels = _check_labels(np.asarray(labels), p)
     inputs, dtypes = _check_shapes(arrays, example, p)
     n = len(next(iter(inputs.values())))
     if n == 0:
@@ -335,6 +348,7 @@ def _load_folder(p: Path, example: dict[str, np.ndarray], num_samples: int | Non
     order = np.random.default_rng(seed).permutation(len(candidates))
     want = len(candidates) if num_samples is None else num_samples
     chosen: list[Path] = []
+    sizes: dict[Path, tuple[int, int]] = {}
     skipped: list[Path] = []
     reasons: dict[Path, str] = {f: "not a regular file" for f in others}
     for i in order:
@@ -342,7 +356,7 @@ def _load_folder(p: Path, example: dict[str, np.ndarray], num_samples: int | Non
             break
         f = candidates[int(i)]
         try:
-            read_rgb(f)
+            sizes[f] = read_rgb(f).size
         except Exception as exc:  # PIL raises many kinds (OSError, ValueError, SyntaxError, DecompressionBomb...)
             skipped.append(f)
             reasons[f] = why_unreadable(exc)
@@ -355,7 +369,10 @@ def _load_folder(p: Path, example: dict[str, np.ndarray], num_samples: int | Non
     if reasons:
         shown = ", ".join(f"{f.name} ({why})" for f, why in list(reasons.items())[:3]) + (" ..." if len(reasons) > 3 else "")
         warnings.warn(UnreadableImagesWarning(f"{p}: skipped {len(reasons)} unreadable image file(s): {shown}"), stacklevel=3)
-    return ImageFolderSamples(p, chosen, name, ex.dtype, pipeline, skipped + others, _class_labels(chosen, p))
+    coco = find_coco_json(p)
+    labels = (coco_box_labels(coco, chosen, sizes, p, pipeline.resize, pipeline.crop) if coco is not None
+              else _class_labels(chosen, p))
+    return ImageFolderSamples(p, chosen, name, ex.dtype, pipeline, skipped + others, labels)
 
 
 def _check_data_file(p: Path) -> None:
@@ -389,7 +406,8 @@ def load_samples(
 
     Args:
         path: an ``.npz`` file (one array per model input, samples on axis 0, optional ``y``
-            labels) or a folder of images (searched recursively; integer-named subfolders give labels).
+            labels, a detector's ``y_boxes``) or a folder of images (searched recursively; integer-named
+            subfolders give class labels, a COCO json at its top a detector's boxes).
         example_inputs: the model's example inputs (names, trailing shapes, dtypes).
         num_samples: keep at most this many, chosen by a seeded permutation (deterministic).
         seed: the sampling seed.

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..calibration.boxes import is_box_labels
 from ..runners.base import BaseRunner, feed_size
 from ..errors import BadInput
 from ..io import atomic_path
@@ -45,8 +46,8 @@ class GoldenReference:
             for a model with one output, else every tensor output by its name (``logits``,
             ``pred_boxes``...); :attr:`primary` names the one the classification metrics read.
         feeds: the parity inputs, one dict per batch (input name → array).
-        labels: integer labels per sample [N], a segmenter's label maps [N, H, W], or None
-            (:attr:`class_labels` / :attr:`pixel_labels` give each kind).
+        labels: integer labels per sample [N], a segmenter's label maps [N, H, W], a detector's boxes
+            [N, M, 5], or None (:attr:`class_labels` / :attr:`pixel_labels` / :attr:`box_labels` give each kind).
         source: what produced it (``'untouched torch model timm:vit_tiny...'``).
         layers: optional per-layer activations (module name → array) of the first
             ``layer_batches`` batches, in network order; used by :func:`localize_layers`.
@@ -81,7 +82,17 @@ class GoldenReference:
     @property
     def pixel_labels(self) -> np.ndarray | None:
         """A segmenter's label maps [N, H, W] (mIoU against labels), or None."""
-        return self.labels if self.labels is not None and self.labels.ndim == 3 else None
+        return self.labels if self.labels is not None and self.labels.ndim == 3 and not is_box_labels(self.labels) else None
+
+    @property
+    def box_labels(self) -> np.ndarray | None:
+        """A detector's boxes [N, M, 5] (class, cx, cy, w, h; :mod:`~vitexport.calibration.boxes`), or None."""
+        return self.labels if is_box_labels(self.labels) else None
+
+    @property
+    def task_labels(self) -> np.ndarray | None:
+        """The labels a task metric reads: label maps or boxes (None: none, or one class per sample)."""
+        return self.pixel_labels if self.pixel_labels is not None else self.box_labels
 
     @property
     def num_samples(self) -> int:

@@ -157,21 +157,22 @@ class Judge:
         out_scr = None if self.ref_scr is None else _primary(sess, self.screen, i, self.profile.ran)
         del sess
         ref_scr = None if out_scr is None else self.ref_scr.reshape(out_scr.shape)
-        labels = self.select.labels  # a segmenter's label maps are the task gate's, not accuracy's
+        labels = self.select.labels  # a segmenter's label maps and a detector's boxes are the task gate's, not accuracy's
+        single = labels is not None and labels.ndim == 1
         verdict = judge_outputs((self.ref_sel, out_sel), None if out_scr is None else (ref_scr, out_scr), self.tol,
-                                self.gate, labels if labels is not None and labels.ndim == 1 else None)
+                                self.gate, labels if single else None)
         if outs is not None and self.task_ref is not None:
-            add_task_checks(verdict, self.gate, self.task_ref, outs, self.tol)
+            add_task_checks(verdict, self.gate, self.task_ref, outs, self.tol, None if single else labels)
         return verdict
 
 
 def add_task_checks(verdict: Verdict, gate: GateInfo, reference: dict[str, np.ndarray], outs: dict[str, np.ndarray],
-                    tolerance: Tolerance) -> None:
+                    tolerance: Tolerance, labels: np.ndarray | None = None) -> None:
     """The gate's task checks (:func:`~vitexport.parity.tasks.task_checks`: mAP, mIoU, AbsRel…) measured on the
     selection samples, added to ``verdict`` as ``selection <check>``: a detector whose logits agree to a cosine
     of 0.998 can still lose boxes (a trained YOLOS: gate mAP vs FP32 0.984, needed 0.995, while the fallback,
     steering by cosine alone, kept no layer in float)."""
-    metrics, checks, _ = task_checks(gate.task, reference, outs, tolerance, scores=gate.detect_scores)
+    metrics, checks, _ = task_checks(gate.task, reference, outs, tolerance, scores=gate.detect_scores, labels=labels)
     for c in checks:
         verdict.checks[f"selection {c.metric}"] = bool(c.passed)
     if metrics is not None:

@@ -20,7 +20,8 @@ __all__ = ["TaskSection", "task_section", "plot_task"]
 _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "detect": [("mAP", "map", "g"), ("AP50", "ap50", "g"), ("box IoU mean", "box_iou_mean", "g"),
                ("box IoU min", "box_iou_min", "g"), ("class agreement", "class_agreement", "pct"),
-               ("score MAE", "score_mae", "g"), ("FP32 detections", "detections", "g"), ("matched", "matched", "g")],
+               ("score MAE", "score_mae", "g"), ("FP32 detections", "detections", "g"), ("matched", "matched", "g"),
+               ("mAP vs labels", "map_labels", "g"), ("FP32 mAP vs labels", "reference_map_labels", "g")],
     "segment": [("mIoU", "miou", "g"), ("pixel agreement", "pixel_agreement", "pct"), ("gated mIoU", "miou_gated", "g"),
                 ("gated pixel agreement", "pixel_agreement_gated", "pct"), ("near ties", "near_ties", "pct"),
                 ("classes", "classes", "g"), ("mIoU vs labels", "miou_labels", "g"),
@@ -31,7 +32,8 @@ _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 _HOW = {
     "detect": "the FP32 model's queries scoring at least the detection threshold are the ground truth, every query of "
               "the stage a scored detection; mAP is COCO's mAP@[.5:.95] (pycocotools), computed on the stages that "
-              "gate it; box IoU is each FP32 detection's with its best-matching query",
+              "gate it; box IoU is each FP32 detection's with its best-matching query; with box labels in the parity "
+              "data, mAP vs labels is each model's against them, and the gate reads the drop from FP32's",
     "segment": "each stage's argmax map against the FP32 argmax: mIoU over the classes present in either; the gated "
                "forms excuse flips on near ties, pixels whose FP32 top-1/top-2 margin is within the error's reach "
                "(the top-1 gate's rule), and are what the gates check",
@@ -57,7 +59,9 @@ def task_section(data: Mapping[str, Any]) -> TaskSection | None:
     task = data.get("task")
     if task not in _COLUMNS:
         return None
-    cols = _COLUMNS[task]
+    measured = [s["task_metrics"] for s in data.get("stages", []) if s.get("task_metrics")]
+    # a column no stage measured (against labels the data did not carry) is left out
+    cols = [c for c in _COLUMNS[task] if any(tm.get(c[1]) is not None for tm in measured)] or _COLUMNS[task]
     rows, outputs = [], []
     for s in data.get("stages", []):
         tm = s.get("task_metrics")
