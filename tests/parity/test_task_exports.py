@@ -190,6 +190,10 @@ def test_a_detector_with_box_labels_is_gated_on_the_map_it_loses_against_them(tm
     assert "mAP vs labels" in (out / "parity.md").read_text()
     import numpy as np
 
+    pic = tm["picture"]  # the picture draws the sample's labelled boxes beside FP32's and INT8's
+    with np.load(parity) as z:
+        assert len(pic["labels"]) == int((z["y"][pic["sample"]] >= 0).sum()) > 0
+
     with np.load(parity) as z:
         bad = dict(z)
     bad["y"][bad["y"] >= 0] = 5  # the tiny YOLOS detects 2 classes

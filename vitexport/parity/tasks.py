@@ -498,8 +498,9 @@ def _image(feed: np.ndarray | None, i: int) -> dict | None:
 
 
 def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np.ndarray | None,
-             score_min: float, scores: str) -> dict | None:
-    """What the report draws for one parity sample (a detector's: the one with most reference detections)."""
+             score_min: float, scores: str, labels: np.ndarray | None = None) -> dict | None:
+    """What the report draws for one parity sample (a detector's: the one with most reference detections,
+    with its labelled boxes, score 1, where the data has them)."""
     if task is Task.detect:
         rs, rc, rb = _detections(np.asarray(ref[0], np.float64), np.asarray(ref[1], np.float64), scores)
         os_, oc, ob = _detections(np.asarray(out[0], np.float64), np.asarray(out[1], np.float64), scores)
@@ -507,6 +508,9 @@ def _picture(task: Task, ref: list[np.ndarray], out: list[np.ndarray], image: np
         boxes = lambda s, c, b: [[int(c[q]), round(float(s[q]), 4), *(round(float(v), 5) for v in b[q])]  # noqa: E731
                                  for q in range(len(s)) if s[q] >= score_min]
         pic = {"ref": boxes(rs[i], rc[i], rb[i]), "out": boxes(os_[i], oc[i], ob[i])}
+        if labels is not None and is_box_labels(labels):
+            lc, lb = per_sample(labels[i : i + 1])[0]
+            pic["labels"] = boxes(np.ones(len(lc)), lc, lb)
     elif task is Task.segment:
         i = 0
         pic = {"ref": _thumb(ref[0][i].argmax(0)), "out": _thumb(out[0][i].argmax(0)), "classes": int(ref[0].shape[1])}
@@ -586,5 +590,5 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         checks.append(Check(f"{metric}{tag}", value, limit, op, value >= limit if op == ">=" else value <= limit))
     if checks:  # a gated stage (INT8, an engine) is pictured; the float ones match the reference anyway
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
-        m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score, scores)
+        m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score, scores, labels)
     return m, checks, notes + ([f"task {task}: {m.note}"] if m.note else [])

@@ -105,11 +105,13 @@ def _detect(fig, pic: Mapping[str, Any], stage: str) -> None:
         ax.imshow(img)
     ax.set_xlim(0, w)
     ax.set_ylim(h, 0)
+    _draw_boxes(ax, pic.get("labels", []), w, h, "#1565c0", ":", "labels")
     _draw_boxes(ax, pic.get("ref", []), w, h, "#2e7d32", "-", "FP32")
     _draw_boxes(ax, pic.get("out", []), w, h, "#c62828", "--", stage)
-    ax.set_title(f"parity sample {pic.get('sample', 0)}: FP32 (green) and {stage} (red dashed)\n"
-                 "detections, labelled class:score", fontsize=8)
-    if pic.get("ref") or pic.get("out"):
+    truth = ", labels (blue dotted)" if pic.get("labels") else ""
+    ax.set_title(f"parity sample {pic.get('sample', 0)}: FP32 (green), {stage} (red dashed){truth}\n"
+                 "boxes marked class:score", fontsize=8)
+    if pic.get("ref") or pic.get("out") or pic.get("labels"):
         ax.legend(fontsize=7, loc="lower right")
     ax.axis("off")
 
