@@ -9,7 +9,8 @@ from vitexport.parity import check_stage
 from vitexport.parity.advice import failure_advice
 from vitexport.parity.reference import GoldenReference
 from vitexport.parity.tasks import (IGNORE_LABEL, check_label_maps, coco_map, depth_metrics, detection_metrics,
-                                    embedding_metrics, labels_miou, segmentation_metrics, task_checks, task_outputs)
+                                    embedding_metrics, labels_miou, map_drop_spread, segmentation_metrics, task_checks,
+                                    task_outputs)
 from vitexport.recipe import Int8Tolerance, Recipe, Tolerance
 
 from replay import replayed
@@ -104,6 +105,25 @@ def test_detections_against_box_labels_gate_the_drop_not_the_map_against_fp32():
     _, _, notes = task_checks("segment", {"logits": np.zeros((3, 2, 4, 4))}, {"logits": np.zeros((3, 2, 4, 4))}, tol,
                               labels=labels)
     assert notes and "box labels are read by detectors only" in notes[0]
+
+
+def test_a_failed_labelled_map_gate_says_how_far_its_images_pin_the_drop_down():
+    logits, boxes = _detector_outputs(n=12)
+    labels = _labels_of(logits, boxes)
+    moved = boxes.copy()
+    moved[:3, 0, 0] += 0.03  # three images of twelve lose a box
+    se, made = map_drop_spread(logits, boxes, logits, moved, labels)
+    assert made >= 8 and 0 < se < 0.2
+    assert map_drop_spread(logits, boxes, logits, boxes, labels)[0] == 0.0  # the same detections: no spread
+    outs = ({"logits": logits, "pred_boxes": boxes}, {"logits": logits, "pred_boxes": moved})
+    m, checks, _ = task_checks("detect", *outs, Int8Tolerance(), labels=labels, explain=True)
+    drop = next(c for c in checks if c.metric.startswith("map_labels_drop"))
+    assert not drop.passed and m.map_labels_drop_se == pytest.approx(se)
+    assert f"± {100 * se:.2f}" in drop.why and "12 parity images" in drop.why
+    advice = failure_advice("quantize_int8", drop, Recipe(name="r", target="cpu"), calib_samples=128)
+    assert advice.startswith(drop.why) and "map_labels_drop_max=" in advice
+    _, checks, _ = task_checks("detect", *outs, Int8Tolerance(), labels=labels)  # the fallback's verdicts: no bootstrap
+    assert next(c for c in checks if c.metric.startswith("map_labels_drop")).why is None
 
 
 def test_box_labels_the_detector_cannot_be_scored_on_are_bad_input():

@@ -107,6 +107,7 @@ def failure_advice(stage: str, check: Check | None, recipe: Recipe, *, calib_sam
         steps = _int8(recipe, calib_samples, labelled_calib)
         clause = fallback_clause(quantize)
         lost = f"{clause}; {lost}" if clause else lost
+        lost = f"{check.why}; {lost}" if check is not None and check.why else lost  # a labelled gate's spread
     elif stage in PASS_STAGES:
         steps = [f"stages.{stage}.enabled=false (export without this rewrite)", "--layers to find the first block "
                  "that diverges"]

@@ -341,7 +341,7 @@ def _compare_outputs(result: StageResult, reference: GoldenReference, outs: dict
     result.output_metrics = per if several else None
     result.task_metrics, checks, notes = task_checks(reference.meta.get("task"), reference.outputs, outs, tolerance,
                                                      _image_input(reference), reference.meta.get("detect_scores", "softmax"),
-                                                     reference.task_labels)
+                                                     reference.task_labels, explain=True)
     result.checks.extend(checks)
     result.notes.extend(notes)
     result.passed = all(c.passed for c in result.checks)
