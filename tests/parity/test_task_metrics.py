@@ -9,7 +9,8 @@ from vitexport.parity import check_stage
 from vitexport.parity.advice import failure_advice
 from vitexport.parity.reference import GoldenReference
 from vitexport.parity.tasks import (IGNORE_LABEL, check_label_maps, coco_map, depth_metrics, detection_metrics,
-                                    embedding_metrics, labels_miou, map_drop_spread, segmentation_metrics, task_checks,
+                                    embedding_metrics, labels_miou, map_drop_spread, miou_drop_spread,
+                                    segmentation_metrics, task_checks,
                                     task_outputs)
 from vitexport.recipe import Int8Tolerance, Recipe, Tolerance
 
@@ -177,6 +178,22 @@ def test_segment_against_label_maps_upsamples_skips_unlabelled_and_gates_the_dro
     assert drop.limit == 0.005 and not drop.passed
     _, checks, notes = task_checks("segment", {"logits": ref}, {"logits": ref}, tol, labels=labels)
     assert next(c for c in checks if c.metric == "miou_labels_drop").passed and not notes
+
+
+def test_a_failed_labelled_miou_gate_says_how_far_its_images_pin_the_drop_down():
+    labels = np.zeros((6, 8, 8), np.int64)
+    labels[:, :, 4:] = 1
+    ref = np.zeros((6, 2, 8, 8))
+    ref[:, 0, :, :4] = ref[:, 1, :, 4:] = 5.0  # FP32 right everywhere
+    out = ref.copy()
+    out[:2, 1, :, 2:4] = 9.0  # INT8 moves two columns to class 1 on two images of six
+    se, made = miou_drop_spread(ref, out, labels)
+    assert made == 200 and 0 < se < 0.2
+    assert miou_drop_spread(ref, ref, labels)[0] == 0.0
+    m, checks, _ = task_checks("segment", {"logits": ref}, {"logits": out}, Int8Tolerance(), labels=labels, explain=True)
+    drop = next(c for c in checks if c.metric == "miou_labels_drop")
+    assert not drop.passed and m.miou_labels_drop_se == pytest.approx(se)
+    assert "points of mIoU lost against the labels" in drop.why and "6 parity images" in drop.why
 
 
 def test_label_maps_the_model_cannot_be_scored_on_are_bad_input():

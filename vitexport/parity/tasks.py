@@ -52,7 +52,7 @@ from .metrics import Check
 
 __all__ = ["TaskMetrics", "TASK_METRICS", "task_outputs", "task_checks", "detection_metrics", "segmentation_metrics",
            "depth_metrics", "embedding_metrics", "coco_map", "labels_miou", "labels_map", "check_label_maps",
-           "map_drop_spread", "DEFAULT_SCORE_MIN", "RECALL_K", "IGNORE_LABEL"]
+           "map_drop_spread", "miou_drop_spread", "DEFAULT_SCORE_MIN", "RECALL_K", "IGNORE_LABEL"]
 
 #: DETR's and YOLOS's own post-processing threshold (``Tolerance.detect_score_min`` null)
 DEFAULT_SCORE_MIN = 0.5
@@ -121,6 +121,7 @@ class TaskMetrics(Sparse):
     reference_miou_labels: float | None = None
     reference_pixel_accuracy_labels: float | None = None
     miou_labels_drop: float | None = None
+    miou_labels_drop_se: float | None = None
     map_labels: float | None = None
     ap50_labels: float | None = None
     reference_map_labels: float | None = None
@@ -379,18 +380,53 @@ def labels_miou(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     known = labels != IGNORE_LABEL
     if known.any() and int(labels[known].max()) >= c:
         raise BadInput(f"label maps hold class {int(labels[known].max())}, but the logits have {c} classes")
+    pred = _label_predictions(logits, labels)
+    if not known.any():
+        return float("nan"), float("nan")
+    miou, _ = _miou(labels[known], pred[known], c)
+    return miou, float((labels[known] == pred[known]).mean())
+
+
+def _label_predictions(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The argmax class per label pixel: logits upsampled bilinearly to the labels' size first where it differs."""
     if logits.shape[-2:] != labels.shape[-2:]:
         import torch  # noqa: PLC0415 - only a segmenter's labels of another size need it
 
         up = torch.nn.functional.interpolate(torch.from_numpy(np.ascontiguousarray(logits, np.float32)),
                                              size=labels.shape[-2:], mode="bilinear", align_corners=False)
-        pred = up.argmax(1).numpy()
-    else:
-        pred = logits.argmax(1)
+        return up.argmax(1).numpy()
+    return logits.argmax(1)
+
+
+def miou_drop_spread(ref: np.ndarray, out: np.ndarray, labels: np.ndarray, resamples: int = 200,
+                     seed: int = 0) -> tuple[float, int] | None:
+    """The standard error of the mIoU drop against label maps (FP32's minus the stage's), by a paired bootstrap
+    over the images (per-image confusion matrices summed over each resample: no model runs again).
+
+    Returns:
+        (standard error, resamples), or None when no pixel is labelled.
+    """
+    labels = np.asarray(labels)
+    c, known = ref.shape[1], labels != IGNORE_LABEL
     if not known.any():
-        return float("nan"), float("nan")
-    miou, _ = _miou(labels[known], pred[known], c)
-    return miou, float((labels[known] == pred[known]).mean())
+        return None
+
+    def confusions(logits: np.ndarray) -> np.ndarray:
+        pred = _label_predictions(np.asarray(logits), labels)
+        return np.stack([np.bincount(labels[i][known[i]].astype(np.int64) * c + pred[i][known[i]], minlength=c * c)
+                         for i in range(len(labels))])
+
+    def miou(conf: np.ndarray) -> float:
+        conf = conf.reshape(c, c)
+        inter = np.diag(conf).astype(np.float64)
+        union = conf.sum(0) + conf.sum(1) - inter
+        return float((inter[union > 0] / union[union > 0]).mean())
+
+    a, b = confusions(ref), confusions(out)
+    rng = np.random.default_rng(seed)
+    drops = [miou(a[idx].sum(0)) - miou(b[idx].sum(0)) for idx in (rng.integers(0, len(labels), len(labels))
+                                                                   for _ in range(resamples))]
+    return float(np.std(drops, ddof=1)), resamples
 
 
 def _check_box_labels(task: Task, outputs: Mapping[str, np.ndarray], labels: np.ndarray, scores: str) -> None:
@@ -626,13 +662,15 @@ def task_checks(task: Task | str | None, reference: Mapping[str, np.ndarray], ou
         if value is None or limit is None or (op == ">=" and limit <= 0) or (op == "<=" and math.isinf(limit)):
             continue
         checks.append(Check(f"{metric}{tag}", value, limit, op, value >= limit if op == ">=" else value <= limit))
-        if metric == "map_labels_drop" and explain and not checks[-1].passed:
-            spread = map_drop_spread(*[reference[n] for n in names], *[outs[n] for n in names], labels, scores)
+        if metric in ("map_labels_drop", "miou_labels_drop") and explain and not checks[-1].passed:
+            spread = (map_drop_spread(*[reference[n] for n in names], *[outs[n] for n in names], labels, scores)
+                      if metric == "map_labels_drop" else miou_drop_spread(reference[names[0]], outs[names[0]], labels))
             if spread is not None:
-                m.map_labels_drop_se = spread[0]
-                checks[-1].why = (f"{100 * value:.2f} points of mAP lost against the labels, ± {100 * spread[0]:.2f} "
-                                  f"(paired bootstrap standard error over the {len(labels)} parity images, {spread[1]} "
-                                  "resamples): more labelled images measure it closer")
+                setattr(m, f"{metric}_se", spread[0])
+                checks[-1].why = (f"{100 * value:.2f} points of {'mAP' if metric == 'map_labels_drop' else 'mIoU'} lost "
+                                  f"against the labels, ± {100 * spread[0]:.2f} (paired bootstrap standard error over "
+                                  f"the {len(labels)} parity images, {spread[1]} resamples): more labelled images "
+                                  "measure it closer")
     if checks:  # a gated stage (INT8, an engine) is pictured; the float ones match the reference anyway
         score = tolerance.detect_score_min if tolerance.detect_score_min is not None else DEFAULT_SCORE_MIN
         m.picture = _picture(task, [reference[n] for n in names], [outs[n] for n in names], image, score, scores, labels)

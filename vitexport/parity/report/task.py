@@ -26,7 +26,8 @@ _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "segment": [("mIoU", "miou", "g"), ("pixel agreement", "pixel_agreement", "pct"), ("gated mIoU", "miou_gated", "g"),
                 ("gated pixel agreement", "pixel_agreement_gated", "pct"), ("near ties", "near_ties", "pct"),
                 ("classes", "classes", "g"), ("mIoU vs labels", "miou_labels", "g"),
-                ("FP32 mIoU vs labels", "reference_miou_labels", "g"), ("pixel accuracy vs labels", "pixel_accuracy_labels", "pct")],
+                ("FP32 mIoU vs labels", "reference_miou_labels", "g"), ("pixel accuracy vs labels", "pixel_accuracy_labels", "pct"),
+                ("drop's standard error", "miou_labels_drop_se", "g")],
     "depth": [("AbsRel", "abs_rel", "g"), ("δ<1.25", "delta1", "pct")],
     "embed": [("recall@k", "recall_at_k", "pct"), ("k", "k", "g")],
 }
