@@ -343,6 +343,7 @@ def _resume_or_run(stage: Stage, ctx: RunContext, state: _State, arts: Artifacts
         if key is not None:
             state.record(stage.name, key, files, res)
     ctx.key = key or ctx.key
+    ctx.carry(res.checks)
     arts.files.update(files)
     return res, files, resumed
 
@@ -351,7 +352,7 @@ def _regate(stage: Stage, ctx: RunContext, found: _Found, beat: Heartbeat, log: 
     """Gate a resumed stage's artifacts again when this run's tolerance is not the recorded one (a
     re-run with a looser ``--set parity...`` after a failure); the verdict fields of the recorded
     result are replaced. Returns whether it was gated again."""
-    res, tol = found.result, ctx.recipe.tolerance(stage.name)
+    res, tol = found.result, ctx.tolerance(stage.name)
     if res.tolerance.model_dump(mode="json") == tol.model_dump(mode="json"):
         return False
     out = StageOutput(files=found.files, changed=res.changed)
@@ -374,9 +375,13 @@ def _execute(stage: Stage, ctx: RunContext, beat: Heartbeat, log: Callable[[str]
         out = stage.run(ctx)
         seconds = _own_seconds(stage, ctx, out, time.perf_counter() - t0)
         trim_memory()  # the stage's working set is garbage now: its parity check runs without it
+        tol, own = ctx.tolerance(stage.name), ctx.recipe.tolerance(stage.name).max_abs
         with stage.runner(ctx, out) as runner:
-            res = check_stage(stage.name, runner, ctx.reference, ctx.recipe.tolerance(stage.name), changed=out.changed,
+            res = check_stage(stage.name, runner, ctx.reference, tol, changed=out.changed,
                               seconds=seconds, notes=out.notes, unmasked=ctx.unmasked, artifacts=out.files)
+    if own is not None and tol.max_abs is not None and tol.max_abs > 1.1 * own:
+        res.notes.append(f"max_abs limit {own:g} on top of the {tol.max_abs - own:.3g} the stages before it left "
+                         "(every stage is compared with the untouched model)")
     res.details.update(out.details)
     gate_int8_share(res, ctx.recipe.tolerance(stage.name))  # what the stage's backend ran in INT8 (its details)
     if out.layers is not None:

@@ -21,7 +21,7 @@ import numpy as np
 from ..graph.files import artifact_files
 from ..io import sha256_file
 from ..memory import release_memory
-from ..recipe import Recipe, StageName
+from ..recipe import Recipe, StageName, Tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -164,6 +164,9 @@ class RunContext:
             added to that stage's time by the loop.
         say: tells the running stage's heartbeat what it is doing now (``"rknn-toolkit2: build"``),
             shown on its next "still running" line; set by the loop for each stage.
+        carried: the ``max_abs`` error (as its check gated it: ``(value, relative)``) the last stage with a
+            ``max_abs`` gate measured against the reference: what a later stage's ``max_abs`` limit sits on
+            (:meth:`tolerance`). None before any.
     """
 
     model: LoadedModel
@@ -180,11 +183,31 @@ class RunContext:
     files: dict[str, Path] = field(default_factory=dict)
     work_done_s: dict[str, float] = field(default_factory=dict)
     say: Callable[[str], None] = lambda doing: None
+    carried: tuple[float, bool] | None = None
 
     @property
     def recipe(self) -> Recipe:
         """The run's recipe (the target's)."""
         return self.target.recipe
+
+    def tolerance(self, stage: str) -> Tolerance:
+        """The stage's recipe tolerance, its ``max_abs`` limit on top of the error the stages before it
+        carried in (:attr:`carried`). Every stage is compared with the untouched model, so a stage's error
+        holds what the earlier ones left: a fold that changes nothing after a reparameterisation that
+        re-rounded every weight (timm's LeViT: 2e-5 of its largest output, within that stage's 1e-4) would
+        fail its own 1e-5 limit. By the triangle inequality, a stage that moves the output by at most its
+        own limit stays within ``carried + limit``."""
+        tol = self.recipe.tolerance(stage)
+        if tol.max_abs is None or self.carried is None or self.carried[1] != tol.relative or self.carried[0] <= 0:
+            return tol
+        return tol.model_copy(update={"max_abs": tol.max_abs + self.carried[0]})
+
+    def carry(self, checks) -> None:
+        """Remember the ``max_abs`` error a stage's checks measured (the largest over its outputs), if any."""
+        got = [(c.value, c.metric.startswith("max_abs/ref_scale")) for c in checks
+               if c.metric.startswith("max_abs") and not c.metric.startswith("max_abs_unmasked")]
+        if got:
+            self.carried = (max(v for v, _ in got), got[0][1])
 
     def release_torch(self) -> None:
         """Free the rewritten torch model (and the source when it may be consumed): the ONNX

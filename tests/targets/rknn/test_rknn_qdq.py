@@ -16,7 +16,7 @@ from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.targets.rknn.qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
-    conv_output, conv_outputs_to_measure, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
+    conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
 )
 from vitexport.targets.rknn.routes import layout_hazards, qdq_layout
 
@@ -287,6 +287,60 @@ def test_a_conv_beside_a_pooled_shortcut_stays_float_with_the_reason():
     proj = next(n for n in model.graph if n.name == "proj")
     assert proj.inputs[0].producer().op_type == "DequantizeLinear"
     assert [u.op_type for u, _ in proj.outputs[0].uses()] == ["QuantizeLinear"]
+
+
+def _talking_heads_model() -> ir.Model:
+    """EfficientFormerV2's talking heads: scores (1, 4 heads, 16, 16) → Q/DQ → 1x1 conv across the heads
+    → Softmax over the keys."""
+    rs = np.random.RandomState(0)
+    inits = [nh.from_array(np.array(4 / 127, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
+             nh.from_array(rs.randint(-127, 127, (4, 4, 1, 1)).astype(np.int8), "wq"),
+             nh.from_array(np.full(4, 0.01, np.float32), "ws"), nh.from_array(np.zeros(4, np.int8), "wz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             helper.make_node("Conv", ["xd", "w"], ["mix"], kernel_shape=[1, 1], name="talking_head1"),
+             helper.make_node("Softmax", ["mix"], ["y"], axis=-1, name="softmax")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    return ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def test_a_conv_feeding_a_softmax_stays_float_with_the_reason_and_no_hazard():
+    """A head-mixing 1x1 conv right before Softmax: its output Q/DQ would make Softmax read a
+    DequantizeLinear (RKNN segfaults: rule rknn.softmax_qdq), so it gets none and runs float16, said per node."""
+    model = _talking_heads_model()
+    assert [feeds_softmax(c) for c in quantized_convs(model)] == [True]
+    assert conv_outputs_to_measure(model) == []
+    feeds = [{"x": np.random.RandomState(i).randn(1, 4, 16, 16).astype(np.float32)} for i in range(2)]
+    report = qdq_layout(model, feeds)
+    assert report["rknn_convs_in_float"] == 1 and "feeds a Softmax" in report["skipped"]["talking_head1"]
+    assert layout_hazards(model) == [] and rknn_hazards(model) == []
+    softmax = next(n for n in model.graph if n.name == "softmax")
+    assert softmax.inputs[0].producer().op_type == "Conv"
+    assert _run(model, feeds[0]).shape == (1, 4, 16, 16)
+
+
+def test_a_float_conv_after_an_int8_conv_keeps_reading_its_qdq_so_that_one_stays_int8():
+    """FastViT: the fallback kept a 1x1 conv float right after a 7x7 downsampling conv. Taking the float
+    conv's input Q/DQ off took off the 7x7 conv's output Q/DQ too, and RKNN ran it (28 % of the MACs) in float16."""
+    rs = np.random.RandomState(0)
+    inits = [nh.from_array(np.array(4 / 127, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
+             nh.from_array(rs.randint(-127, 127, (8, 1, 7, 7)).astype(np.int8), "wq"),
+             nh.from_array(np.full(8, 0.01, np.float32), "ws"), nh.from_array(np.zeros(8, np.int8), "wz"),
+             nh.from_array(rs.randn(8, 8, 1, 1).astype(np.float32), "pw")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             helper.make_node("Conv", ["xd", "w"], ["down"], group=8, kernel_shape=[7, 7], strides=[2, 2], pads=[3] * 4, name="down"),
+             helper.make_node("Conv", ["down", "pw"], ["y"], kernel_shape=[1, 1], name="proj")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    report = qdq_layout(model, [{"x": np.random.RandomState(i).randn(1, 8, 16, 16).astype(np.float32)} for i in range(2)])
+    assert report["rknn_conv_outputs_qdq"] == 1
+    down, proj = (next(n for n in model.graph if n.name == k) for k in ("down", "proj"))
+    assert [u.op_type for u, _ in down.outputs[0].uses()] == ["QuantizeLinear"]  # the 7x7 conv in INT8
+    assert proj.inputs[0].producer().op_type == "DequantizeLinear" and proj.inputs[1].const_value is not None
+    assert layout_hazards(model) == []
 
 
 def test_a_gelu_without_its_half_gets_it_back_with_a_double_after():

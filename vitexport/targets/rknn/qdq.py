@@ -79,7 +79,7 @@ from .graph import (
 )
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
-           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "pooled_shortcut", "conv_outputs_to_measure",
+           "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "pooled_shortcut", "feeds_softmax", "float_conv_rule", "conv_outputs_to_measure",
            "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
@@ -491,14 +491,14 @@ FUSED_ACTIVATIONS = ("Relu", "Clip")
 def quantized_convs(model: ir.Model) -> list[ir.Node]:
     """Convs whose activation and constant weight both come through DequantizeLinear, of a stride RKNN
     compiles in INT8 (:data:`~.graph.MAX_QDQ_STRIDE`; :class:`PatchConvsInInt8` splits the others it can)."""
-    out = []
-    for node in model.graph:
-        if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None or conv_stride(node) > MAX_QDQ_STRIDE:
-            continue
-        w_dq = producer(node.inputs[1], "DequantizeLinear")
-        if w_dq is not None and const_array(w_dq.inputs[0]) is not None:
-            out.append(node)
-    return out
+    return [node for node in model.graph if _quantized_conv(node)]
+
+
+def _quantized_conv(node: ir.Node) -> bool:
+    if node.op_type != "Conv" or producer(node.inputs[0], "DequantizeLinear") is None or conv_stride(node) > MAX_QDQ_STRIDE:
+        return False
+    w_dq = producer(node.inputs[1], "DequantizeLinear")
+    return w_dq is not None and const_array(w_dq.inputs[0]) is not None
 
 
 def conv_output(conv: ir.Node) -> ir.Value:
@@ -525,12 +525,31 @@ def pooled_shortcut(conv: ir.Node) -> bool:
     return other is not None and other.producer() is not None and other.producer().op_type in ("AveragePool", "MaxPool")
 
 
+def feeds_softmax(conv: ir.Node) -> bool:
+    """The Conv's output (:func:`conv_output`) is read by a Softmax: EfficientFormerV2's talking-heads
+    mix (a 1x1 conv across the heads of the scores, right before the Softmax). Q/DQ'd there, Softmax reads a
+    DequantizeLinear, which RKNN's softmax fusion segfaults on (rule ``rknn.softmax_qdq``); the mix runs
+    in float16 (heads² multiply-accumulates per score: a small share)."""
+    return any(u.op_type == "Softmax" for u, _ in conv_output(conv).uses())
+
+
+def float_conv_rule(conv: ir.Node) -> str | None:
+    """Why RKNN 2.5.0 must run ``conv`` in float16 whatever its Q/DQ says, or None."""
+    if pooled_shortcut(conv):
+        return ("it is summed with a pooled shortcut (conv(x) + pool(x)), which RKNN 2.5.0 crashes on with the "
+                "conv in INT8 (SIGILL in RKNNAllocateConvCachePass)")
+    if feeds_softmax(conv):
+        return ("its output feeds a Softmax directly, and a Q/DQ right before a Softmax crashes RKNN 2.5.0's "
+                "softmax fusion (SIGSEGV, rule rknn.softmax_qdq)")
+    return None
+
+
 def conv_outputs_to_measure(model: ir.Model) -> list[str]:
     """The :func:`conv_output` of each quantized Conv that no QuantizeLinear reads yet: the tensors
     :class:`ConvOutputsQdq` adds a Q/DQ pair to, whose ranges it needs."""
     names = []
     for conv in quantized_convs(model):
-        if pooled_shortcut(conv):
+        if float_conv_rule(conv):
             continue
         v = conv_output(conv)
         if not any(u.op_type == "QuantizeLinear" for u, _ in v.uses()) and v.name not in names:
@@ -588,8 +607,9 @@ class ConvOutputsQdq(GraphPass):
 
     def run(self, model: ir.Model, report: GraphPassReport) -> None:
         for conv in quantized_convs(model):
-            if pooled_shortcut(conv):
-                report.skipped[conv.name] = "summed with a pooled shortcut, which RKNN 2.5.0 crashes on in INT8"
+            rule = float_conv_rule(conv)
+            if rule:
+                report.skipped[conv.name] = rule
                 continue
             _zero_bias(model, conv)
             _own_dq(model, conv)
@@ -616,15 +636,26 @@ class ConvOutputsQdq(GraphPass):
             report.changed += 1
 
 
+def _int8_conv_output(value: ir.Value) -> bool:
+    """``value`` is the Q/DQ'd output (:func:`conv_output`) of a Conv in the INT8 layout: its Q/DQ is what
+    makes RKNN run that Conv in INT8, so a float Conv reading it keeps reading the DequantizeLinear (FastViT:
+    a 7x7 downsampling conv before a 1x1 conv the fallback kept float; taking the pair off left the 7x7
+    conv, 28 % of the model's multiply-accumulates, in float16)."""
+    p = value.producer()
+    conv = p if p is not None and p.op_type == "Conv" else (
+        p.inputs[0].producer() if p is not None and p.op_type in FUSED_ACTIVATIONS and p.inputs[0] is not None else None)
+    return conv is not None and conv.op_type == "Conv" and conv_output(conv) is value and _quantized_conv(conv)
+
+
 def _float_reason(conv: ir.Node, x_dq: ir.Node | None, w_dq: ir.Node | None) -> str:
     """Why :class:`ConvsInFloat` took a Conv's Q/DQ off (the INT8-share gate names it per node)."""
     head = "rknn_convs_in_float took its Q/DQ off: "
     if conv_stride(conv) > MAX_QDQ_STRIDE:
         return head + (f"stride {conv_stride(conv)}: no space-to-depth step of 2 to {MAX_QDQ_PATCH} divides its kernel, "
                        "stride, pads and input (RKNN compiles no conv of stride above 7, rule rknn.conv_stride)")
-    if pooled_shortcut(conv):
-        return head + ("it is summed with a pooled shortcut (conv(x) + pool(x)), which RKNN 2.5.0 crashes on with the "
-                       "conv in INT8 (SIGILL in RKNNAllocateConvCachePass)")
+    rule = float_conv_rule(conv)
+    if rule:
+        return head + rule
     if x_dq is None or w_dq is None or const_array(w_dq.inputs[0]) is None:
         return head + "its activation or its weight is not Q/DQ'd in the quantized file (RKNN 2.5.0 runs a Conv in INT8 only with both)"
     return head + "no calibration range was measured for its output Q/DQ (RKNN 2.5.0 runs a Conv in INT8 only with its output Q/DQ'd)"
@@ -646,7 +677,7 @@ class ConvsInFloat(GraphPass):
             if (x_dq is None and w_dq is None) or (_quantized(conv_output(node)) and conv_stride(node) <= MAX_QDQ_STRIDE):
                 continue  # already float, or already in the INT8 layout (its output Q/DQ'd, a stride RKNN compiles)
             q = producer(x_dq.inputs[0], "QuantizeLinear") if x_dq is not None else None
-            if x_dq is not None and q is not None:
+            if x_dq is not None and q is not None and not _int8_conv_output(q.inputs[0]):
                 node.replace_input_with(0, q.inputs[0])
             if w_dq is not None and const_array(w_dq.inputs[0]) is not None:
                 wq, ws, wz = (const_array(v) for v in w_dq.inputs[:3])

@@ -1,0 +1,95 @@
+"""The hybrid zoo on real compilers (issue 28 item 7): the conv-attention hybrids and dense models of
+``tests/passes/zoo_families.py`` through ``vitexport export`` on ``rk3588`` (rknn-toolkit2's compiler and
+simulator, in its venv) and ``openvino`` (its CPU plugin), the way a user runs it. (Their ``orin`` runs are
+the export zoo's, ``tests/test_export_zoo.py``.)
+
+Per model and target: exit 0 with the target's INT8 share of GEMM/Conv multiply-accumulates, measured from
+what the backend reports (RKNN's op table, OpenVINO's runtime precisions), at or above its floor; or the
+verdict its case states: exit 1 at the INT8 gate, only where the case says why (zoo_init's random weights:
+the same misses as on orin, ``INT8_MISS``), with the float layers named; or exit 2 naming the compiler's
+crash. ``make test-zoo`` runs it; ``pytest -rP`` prints each model's share.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "passes"))
+
+from test_export_zoo import _QUICK, _check_terminal, _model_args  # noqa: E402
+from vitexport.cli import main  # noqa: E402
+from vitexport.targets import target_class  # noqa: E402
+from vitexport.targets.rknn.client import rknn_available  # noqa: E402
+from zoo_families import ZOO  # noqa: E402
+
+#: ≥ 12 hybrid and conv-attention families (issue 28's list where the zoo has them) and the two dense models
+HYBRIDS = ("timm_fastvit", "timm_mobilevit_xxs", "timm_mobilevitv2", "timm_efficientvit_b0", "timm_efficientvit_m0",
+           "timm_efficientformer", "timm_efficientformerv2", "timm_levit", "timm_edgenext", "timm_tiny_vit",
+           "timm_coat_lite", "timm_pit", "timm_nextvit", "hf_mobilevit", "hf_segformer", "hf_dpt")
+TARGETS = ("rk3588", "openvino")
+#: (case, target) → (exit, what its error line says) where it is not exit 0 or an INT8 miss
+VERDICTS: dict[tuple[str, str], tuple[int, str]] = {
+    # rknn-toolkit2 2.5.0 crashes compiling EdgeNeXt's INT8 graph: exit 2 naming the crash and its log
+    ("timm_edgenext", "rk3588"): (2, "rknn-toolkit2 crashed (SIGILL) in stage build"),
+}
+#: INT8 misses of zoo_init's random weights beyond orin's (INT8_MISS): (case, target) → why
+MISSES: dict[tuple[str, str], str] = {
+    ("timm_nextvit", "rk3588"): "INT8 cosine 0.978, just under the 0.98 gate (orin: 0.98 and up)",
+    ("timm_nextvit", "openvino"): "INT8 cosine 0.968-0.970, just under the 0.98 gate (orin: 0.98 and up)",
+    ("timm_efficientformerv2", "rk3588"): "RKNN's INT8 on the gate's edge: cosine 0.978-0.984 at build_engine between runs",
+}
+#: where an INT8 miss may show: ONNX Runtime's run of the Q/DQ file, RKNN's build and its simulator
+_INT8_STAGES = ("quantize_int8", "build_engine", "simulate")
+_CASES = {c.name: c for c in ZOO}
+
+
+def _available(target: str) -> bool:
+    if target == "rk3588":
+        return rknn_available()
+    return pytest.importorskip("openvino") is not None
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name,target", [pytest.param(n, t, id=f"{n}-{t}") for n in HYBRIDS for t in TARGETS])
+def test_hybrid_zoo(name: str, target: str, tmp_path, monkeypatch, capfd):
+    if not _available(target):
+        pytest.skip(f"{target}'s toolchain is not installed (make setup-rknn)")
+    case = _CASES[name]
+    monkeypatch.setenv("VITEXPORT_MEMORY_LIMIT", "16G")
+    out = tmp_path / "out"
+    args = _model_args(case, tmp_path)
+    capfd.readouterr()
+    rc = main(["export", "--target", target, *args, "--out", str(out), *_QUICK])
+    cap = capfd.readouterr()
+    _check_terminal(cap.out, cap.err)
+    want, says = VERDICTS.get((name, target), (0, ""))
+    why = case.int8 or MISSES.get((name, target))
+    if want == 2 or rc == 2:
+        assert (rc, want) == (2, 2) and says in cap.err, f"{name} on {target}: exit {rc}\n{cap.err[-1500:]}"
+        return
+    assert rc == 0 or (rc == 1 and why), f"{name} on {target}: exit {rc} and the case gives no reason\n{cap.err[-1500:]}"
+    doc = json.loads((out / "parity.json").read_text())
+    stages = {s["stage"]: s for s in doc["stages"]}
+    if rc == 1:  # a random-weight INT8 miss: at an INT8 gate, its figures below their limits, the layers named
+        assert doc["failed_stage"] in _INT8_STAGES, doc["failed_stage"]
+        failed = [c for c in stages[doc["failed_stage"]]["checks"] if not c["passed"]]
+        assert failed and all(c["metric"].startswith("cosine_min") and c["value"] < c["limit"] for c in failed)
+        assert "the fallback kept" in cap.err
+        print(f"hybrid zoo {name}-{target}: exit 1 ({why}): {failed[0]['metric']} {failed[0]['value']:.4f}")
+        return
+    share_stage = target_class(target).int8_share_stage
+    share = next(c for c in stages[share_stage]["checks"] if c["metric"] == "int8_share")
+    assert share["passed"] and share["value"] >= target_class(target).int8_share_min
+    if target == "rk3588":  # no compute op on the CPU, and the simulator's parity gated
+        assert next(c for c in stages[share_stage]["checks"] if c["metric"] == "cpu_compute_ops")["value"] == 0
+        assert stages["simulate"]["passed"]
+    print(f"hybrid zoo {name}-{target}: exit 0, INT8 share {share['value']:.3f}")
+
+
+def test_the_hybrid_zoo_holds_twelve_hybrid_families_and_the_dense_models():
+    assert set(HYBRIDS) <= set(_CASES)
+    assert len([n for n in HYBRIDS if n not in ("hf_segformer", "hf_dpt")]) >= 12
+    assert {k for k, _ in VERDICTS} | {k for k, _ in MISSES} <= set(HYBRIDS)
