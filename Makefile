@@ -85,7 +85,7 @@ test:  ## the test suite (CPU only; TensorRT tests skip without TensorRT and a G
 test-fast:  ## the fast lane: every test not marked slow or zoo (about two minutes on 2 cores)
 	$(BIN)/python -m pytest -q -m "not slow and not zoo" $(PYTEST_ARGS)
 
-ZOO_TESTS := tests/test_export_zoo.py tests/test_task_zoo.py tests/passes/test_zoo.py tests/preflight/test_zoo_memory.py
+ZOO_TESTS := tests/test_export_zoo.py tests/test_task_zoo.py tests/test_hybrid_zoo.py tests/passes/test_zoo.py tests/preflight/test_zoo_memory.py
 
 test-zoo:  ## the whole model zoo (70+ families exported, issue 22's full-size models, memory at 16 GB): about an hour on 2 cores
 	$(BIN)/python -m pytest -q $(ZOO_TESTS) $(PYTEST_ARGS)
