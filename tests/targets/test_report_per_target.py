@@ -48,7 +48,7 @@ def _export(name: str, out):
     with torch.no_grad():
         labels = module(torch.from_numpy(images[32:])).argmax(1).numpy()
     model = LoadedModel(module, {"image": torch.from_numpy(images[:1])}, "vit", "timm", "timm:vit_tiny(depth=1)")
-    sets = ["quantization.measure_latency=false"] + (["target_options.calibration_samples=4"] if name == "rk3588" else [])
+    sets = ["quantization.measure_latency=false"] + (["target_options.calibration_samples=32"] if name == "rk3588" else [])
     # random weights at 32 px: the fallback keeps most Linears float (orin: 9 % of MACs INT8), below every
     # target's INT8 share; this test reads the report's sentences, tests/targets/test_int8_share.py the gate
     stage = target_class(name).int8_share_stage
