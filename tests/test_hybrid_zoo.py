@@ -34,6 +34,11 @@ TARGETS = ("rk3588", "openvino")
 VERDICTS: dict[tuple[str, str], tuple[int, str]] = {
     # rknn-toolkit2 2.5.0 crashes compiling EdgeNeXt's INT8 graph: exit 2 naming the crash and its log
     ("timm_edgenext", "rk3588"): (2, "rknn-toolkit2 crashed (SIGILL) in stage build"),
+    # where its INT8 passes the gate, RKNN 2.5.0 segfaults compiling NextViT's (else an INT8 miss, MISSES)
+    ("timm_nextvit", "rk3588"): (2, "rknn-toolkit2 crashed (SIGSEGV) in stage build"),
+    # with uint8 activations RKNN converts the downsampling attention's probabilities to uint8 on the CPU:
+    # the share gate's exit 1 names the op
+    ("timm_efficientformerv2", "rk3588"): (1, "compute ops on the CPU by RKNN's op table"),
 }
 #: INT8 misses of zoo_init's random weights beyond orin's (INT8_MISS): (case, target) → why
 MISSES: dict[tuple[str, str], str] = {
@@ -67,8 +72,9 @@ def test_hybrid_zoo(name: str, target: str, tmp_path, monkeypatch, capfd):
     _check_terminal(cap.out, cap.err)
     want, says = VERDICTS.get((name, target), (0, ""))
     why = case.int8 or MISSES.get((name, target))
-    if want == 2 or rc == 2:
-        assert (rc, want) == (2, 2) and says in cap.err, f"{name} on {target}: exit {rc}\n{cap.err[-1500:]}"
+    if rc == 2 or (rc == 1 and want == 1 and says in cap.err):  # the verdict the case states
+        assert rc == want and says in cap.err, f"{name} on {target}: exit {rc}\n{cap.err[-1500:]}"
+        print(f"hybrid zoo {name}-{target}: exit {rc} ({says})")
         return
     assert rc == 0 or (rc == 1 and why), f"{name} on {target}: exit {rc} and the case gives no reason\n{cap.err[-1500:]}"
     doc = json.loads((out / "parity.json").read_text())
