@@ -640,7 +640,7 @@ def _int8_conv_output(value: ir.Value) -> bool:
     """``value`` is the Q/DQ'd output (:func:`conv_output`) of a Conv in the INT8 layout: its Q/DQ is what
     makes RKNN run that Conv in INT8, so a float Conv reading it keeps reading the DequantizeLinear (FastViT:
     a 7x7 downsampling conv before a 1x1 conv the fallback kept float; taking the pair off left the 7x7
-    conv, 28 % of the model's multiply-accumulates, in float16)."""
+    conv, 34 % of the model's multiply-accumulates, in float16)."""
     p = value.producer()
     conv = p if p is not None and p.op_type == "Conv" else (
         p.inputs[0].producer() if p is not None and p.op_type in FUSED_ACTIVATIONS and p.inputs[0] is not None else None)
