@@ -36,9 +36,6 @@ VERDICTS: dict[tuple[str, str], tuple[int, str]] = {
     ("timm_edgenext", "rk3588"): (2, "rknn-toolkit2 crashed (SIGILL) in stage build"),
     # where its INT8 passes the gate, RKNN 2.5.0 segfaults compiling NextViT's (else an INT8 miss, MISSES)
     ("timm_nextvit", "rk3588"): (2, "rknn-toolkit2 crashed (SIGSEGV) in stage build"),
-    # with uint8 activations RKNN converts the downsampling attention's probabilities to uint8 on the CPU:
-    # the share gate's exit 1 names the op
-    ("timm_efficientformerv2", "rk3588"): (1, "compute ops on the CPU by RKNN's op table"),
 }
 #: INT8 misses of zoo_init's random weights beyond orin's (INT8_MISS): (case, target) → why
 MISSES: dict[tuple[str, str], str] = {

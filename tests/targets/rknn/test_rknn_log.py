@@ -9,7 +9,7 @@ import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
 from rknn_models import CONV_MACS, qdq_convs
-from vitexport.targets.rknn.stages import rknn_share
+from vitexport.targets.rknn.stages import cpu_conversions, rknn_share
 from vitexport.targets.rknn.client import RknnResult, _rknn_groups
 from vitexport.targets.rknn.log import op_summary, parse_op_table, with_groups
 
@@ -86,6 +86,19 @@ def test_the_share_names_each_float_conv_with_the_layout_rule_that_left_it(tmp_p
     assert layer.why.startswith("rknn_convs_in_float took its Q/DQ off")
     share = rknn_share(res, "qdq", {}, compiled, [])
     assert "yet RKNN chose float16" in share.float_layers[0].why  # Q/DQ'd in the file: RKNN's own choice
+
+
+def test_the_conversions_rknn_placed_on_the_cpu_are_read_from_its_table(tmp_path):
+    """EfficientFormerV2's downsampling attention with uint8 activations: RKNN converted the probabilities'
+    QuantizeLinear on the CPU; the stage takes that Q/DQ off and compiles again (CpuQuantizesInFloat)."""
+    row = ("D RKNN: [19:50:48.894] 99   exDataConvert      FLOAT16  CPU    (1,8,4,16)                               "
+           "(1,8,4,16)             0/0/0                    1            exDataConvert:attn/Softmax_output_0_QuantizeLinear")
+    table = TABLE.replace("D RKNN: [17:51:59.290] 5 ", row + "\nD RKNN: [17:51:59.290] 5 ", 1)
+    ops = parse_op_table(table)
+    res = RknnResult(reply={}, outputs=[], ops=ops, summary=op_summary(ops), log=tmp_path / "rknn.log", wall_s=0.0)
+    assert cpu_conversions(res) == {"attn/Softmax_output_0_QuantizeLinear"}
+    ops = parse_op_table(TABLE)  # its exDataConvert on the NPU: nothing to take off
+    assert cpu_conversions(RknnResult(reply={}, outputs=[], ops=ops, summary=op_summary(ops), log=tmp_path / "l", wall_s=0.0)) == set()
 
 
 def test_last_pass_names_the_code_generation_when_it_crashed_there(tmp_path):

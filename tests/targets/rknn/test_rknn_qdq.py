@@ -15,7 +15,7 @@ from rknn_models import (
 from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.targets.rknn.qdq import (
-    FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
+    FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, CpuQuantizesInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
     conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
 )
 from vitexport.targets.rknn.routes import layout_hazards, qdq_layout
@@ -162,6 +162,24 @@ def test_batched_probabilities_lose_their_qdq_where_rknn_converts_them_on_the_cp
         assert np.abs(after - before).max() <= bound
     else:
         np.testing.assert_array_equal(after, before)
+
+
+def test_a_quantization_rknn_converts_on_the_cpu_loses_its_qdq_and_nothing_else():
+    """CpuQuantizesInFloat takes off the Q/DQ pairs RKNN's op table named on the CPU (the probabilities'
+    here): attn·V reads the Softmax; the other pairs, and names that are no QuantizeLinear, stay."""
+    model = ir.serde.deserialize_model(qdq_attention())
+    feed = {k: np.random.RandomState(j).randn(1, HEADS, TOKENS, DIM).astype(np.float32) for j, k in enumerate("qkv")}
+    before = _run(model, feed)
+    pairs = sum(n.op_type == "QuantizeLinear" for n in model.graph)
+    report = CpuQuantizesInFloat({"pa_Q", "softmax", "no_such_node"})(model).report
+    assert report.changed == 1 and "RKNN converted it on the CPU" in report.skipped["pa_Q"]
+    assert "pa_Q" in report.skipped["pv"]  # the reader's reason, for the INT8-share gate's float layers
+    assert sum(n.op_type == "QuantizeLinear" for n in model.graph) == pairs - 1
+    pv = next(n for n in model.graph if n.name == "pv")
+    assert pv.inputs[0].producer().op_type == "Softmax"
+    # only the probabilities' rounding is gone: half a 1/127 step each, summed over the tokens, times |v|
+    bound = 0.5 / 127 * TOKENS * np.abs(feed["v"]).max() + 4.0 / 127
+    assert 0 < np.abs(_run(model, feed) - before).max() <= bound
 
 
 def _float_qdq_run(model: ir.Model, feed: dict[str, np.ndarray]) -> np.ndarray:

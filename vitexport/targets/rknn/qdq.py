@@ -720,3 +720,32 @@ class BatchedProbsInFloat(GraphPass):
                 ir.convenience.replace_all_uses_with(dq.outputs[0], probs)
             report.changed += 1
         ir_common.RemoveUnusedNodesPass()(model)
+
+
+class CpuQuantizesInFloat(GraphPass):
+    """The Q/DQ pairs whose QuantizeLinear RKNN's op table placed on the CPU (``exDataConvert`` named after
+    it) taken off, their readers reading the float tensor: what RKNN cannot convert on the NPU it would
+    convert on the CPU at every inference. Its reader runs float16 either way (EfficientFormerV2's
+    downsampling attention with uint8 activations: probabilities (1, 8, 4, 16) quantized on the CPU,
+    then dequantized for a float16 MatMul). Run on the laid-out file between two compiles
+    (:class:`~.stages.CompileRknnStage`), not in :func:`~.routes.qdq_layout`: only the compiler knows."""
+
+    name = "rknn_cpu_quantizes_in_float"
+
+    def __init__(self, quantizes: set[str]) -> None:
+        self.quantizes = quantizes
+
+    def run(self, model: ir.Model, report: GraphPassReport) -> None:
+        for q in [n for n in model.graph if n.op_type == "QuantizeLinear" and n.name in self.quantizes]:
+            readers = [u for u, _ in q.outputs[0].uses()]
+            if not readers or any(r.op_type != "DequantizeLinear" for r in readers):
+                report.skipped[q.name] = "its quantized tensor is read other than by a DequantizeLinear"
+                continue
+            for dq in readers:
+                for user, _ in list(dq.outputs[0].uses()):  # said per reader: the INT8-share gate names it
+                    report.skipped[user.name] = (f"rknn_cpu_quantizes_in_float took the Q/DQ off its input "
+                                                 f"({q.name}): RKNN converted it on the CPU")
+                ir.convenience.replace_all_uses_with(dq.outputs[0], q.inputs[0])
+            report.skipped[q.name] = "RKNN converted it on the CPU: its Q/DQ taken off, the tensor stays float16"
+            report.changed += 1
+        ir_common.RemoveUnusedNodesPass()(model)

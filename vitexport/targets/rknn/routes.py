@@ -27,11 +27,11 @@ from .graph import (
 )
 from .outliers import ScaledLinearOutputs, channel_ranges
 from .qdq import (
-    BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
+    BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, CpuQuantizesInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
     conv_outputs_to_measure, linear_sites, score_matmuls,
 )
 
-__all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "vitexport_ranges", "route_quantization"]
+__all__ = ["ROUTES", "Route", "float_for_rknn", "qdq_layout", "qdq_for_rknn", "layout_hazards", "rknn_input", "float_cpu_quantizes", "vitexport_ranges", "route_quantization"]
 
 Route = Literal["qdq", "rknn", "hybrid"]
 ROUTES: tuple[Route, ...] = ("rknn", "hybrid", "qdq")
@@ -113,6 +113,18 @@ def rknn_input(route: Route, fp32: Path, int8: Path, dst: Path, feeds: Sequence[
     """The ONNX file RKNN compiles for ``route`` (the Q/DQ file's layout for ``qdq``, the float graph's
     forms otherwise), written to ``dst``. Returns the layout passes' report."""
     return qdq_for_rknn(int8, dst, feeds) if route == "qdq" else float_for_rknn(fp32, dst)
+
+
+def float_cpu_quantizes(path: Path, quantizes: set[str], layout: dict) -> int:
+    """The laid-out file at ``path`` without the Q/DQ pairs whose QuantizeLinear RKNN placed on the CPU
+    (:class:`~.qdq.CpuQuantizesInFloat`), rewritten in place; ``layout`` (the layout passes' report)
+    gains the pass's count and reasons. Returns how many pairs came off."""
+    model = load_model(path)
+    report = _apply(model, [CpuQuantizesInFloat(quantizes)])
+    layout["skipped"].update(report.pop("skipped"))
+    layout.update(report)
+    save_model(model, path)
+    return next(iter(report.values()))
 
 
 def vitexport_ranges(calibration_json: str | Path) -> dict[str, tuple[float, float]]:

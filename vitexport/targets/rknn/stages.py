@@ -41,7 +41,7 @@ from ...stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, Stage
 from .client import RknnRequest, RknnResult, require_rknn, run_rknn
 from .graph import rknn_hazards
 from .log import OpRow
-from .routes import Route, rknn_input, route_quantization
+from .routes import Route, float_cpu_quantizes, rknn_input, route_quantization
 from .._base import TargetOptions
 
 __all__ = ["BUILD_ENGINE", "SIMULATE", "CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
@@ -123,6 +123,12 @@ def _calib_feeds(ctx: RunContext, n: int) -> list[dict[str, np.ndarray]]:
     return list(FeedSet(ctx.calib.head(n * batch), batch=batch))
 
 
+def cpu_conversions(res: RknnResult) -> set[str]:
+    """The nodes whose conversion RKNN's op table placed on the CPU (``exDataConvert`` rows are named
+    after the QuantizeLinear or DequantizeLinear they implement)."""
+    return {r.source for r in res.ops if r.target != "NPU" and r.op_type == "exDataConvert"}
+
+
 def npu_report(res: RknnResult, route: str, layout: dict) -> dict:
     """What the NPU runs, from RKNN's op table, with the compile's and the simulator's times."""
     s = res.summary
@@ -180,7 +186,9 @@ def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints:
 
 class CompileRknnStage:
     """The route's ONNX file → ``model.rknn`` (rknn-toolkit2 in its worker), the simulator's outputs
-    on the parity inputs recorded by the same call; gated on the file RKNN compiled.
+    on the parity inputs recorded by the same call; gated on the file RKNN compiled. Where RKNN's op table
+    puts a quantization on the CPU (route ``qdq``), that Q/DQ comes off and RKNN compiles once more
+    (:class:`~.qdq.CpuQuantizesInFloat`): the layout learns from the compiler what no rule predicted.
 
     Never resumed across toolchain changes: the key names the route, the platform and RKNN's config.
     """
@@ -203,15 +211,22 @@ class CompileRknnStage:
         with tempfile.TemporaryDirectory(prefix=".rknn-", dir=ctx.out_dir) as tmp:
             work = Path(tmp)
             layout = rknn_input(route, ctx.files[FP32_ONNX], ctx.files[INT8_ONNX], work / RKNN_ONNX, calib)
-            # token ids and masks: their integer prefix runs on the host (host.onnx), RKNN gets its outputs
-            host = split_integer_prefix(work / RKNN_ONNX, work / "npu.onnx", work / HOST_ONNX)
-            npu_onnx = work / "npu.onnx" if host else work / RKNN_ONNX
-            _refuse_hazards(npu_onnx, route)
-            to_npu = host.feed if host else dict
-            req = RknnRequest(onnx=npu_onnx, platform=t.platform, config=t.rknn_config, rknn=work / RKNN_MODEL,
-                              quantization=route_quantization(route, [to_npu(f) for f in calib], ctx.out_dir / "calibration.json"),
-                              inputs=[to_npu(f) for f in ctx.reference.feeds])
-            res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
+            while True:
+                # token ids and masks: their integer prefix runs on the host (host.onnx), RKNN gets its outputs
+                host = split_integer_prefix(work / RKNN_ONNX, work / "npu.onnx", work / HOST_ONNX)
+                npu_onnx = work / "npu.onnx" if host else work / RKNN_ONNX
+                _refuse_hazards(npu_onnx, route)
+                to_npu = host.feed if host else dict
+                req = RknnRequest(onnx=npu_onnx, platform=t.platform, config=t.rknn_config, rknn=work / RKNN_MODEL,
+                                  quantization=route_quantization(route, [to_npu(f) for f in calib], ctx.out_dir / "calibration.json"),
+                                  inputs=[to_npu(f) for f in ctx.reference.feeds])
+                res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
+                # a quantization RKNN converts on the CPU: once, its Q/DQ off and compiled again
+                on_cpu = cpu_conversions(res) if route == "qdq" and "rknn_cpu_quantizes_in_float" not in layout else set()
+                off = float_cpu_quantizes(work / RKNN_ONNX, on_cpu, layout) if on_cpu else 0
+                if not off:
+                    break
+                ctx.say(f"RKNN converted {off} quantization(s) on the CPU: their Q/DQ off, compiling again")
             files = self._keep(ctx, work, res, host is not None)
         report = npu_report(res, route, layout)
         share = rknn_share(res, route, layout, files[RKNN_ONNX], list(t.int8_share_hints))
