@@ -73,6 +73,8 @@ class CaseBench(Bench):
         code = [REPO / "bench" / "cases.py", REPO / "bench" / "arch.py", REPO / "bench" / "models.py"]
         if spec.script:
             code += [REPO / "scripts" / spec.script, REPO / "scripts" / "_train_common.py"]
+        if spec.kind in ("detection", "segmentation"):  # their splits are made (and widened) there
+            code += [REPO / "bench" / "dense_case.py", REPO / "bench" / "dense.py"]
         args = {"case": case, "work": str(self.work / case), "max_calib": self.plan.max_calib(case),
                 "sizes": self.plan.sizes.get(case), "tiny": self.plan.tiny, "code": code_digest(*code)}
         return self.measure(f"prep|{case}", "prepare_case", args)
@@ -91,7 +93,7 @@ class CaseBench(Bench):
         rid = f"vx|{case}|{n}"
         out = self.work / case / f"vx-{n}"
         args = {"uri": prep["uri"], "weights": prep["weights"], "calib": calib[0], "calib_digest": calib[1],
-                "parity": prep["parity"], "out": str(out), "target": "orin", "num_samples": n, "resume": False,
+                "parity": prep["parity"], "parity_digest": file_digest(prep["parity"]), "out": str(out), "target": "orin", "num_samples": n, "resume": False,
                 "code": self.vx_code}
         if "vx" not in self.paths:
             return self.records.get(rid) or {"ok": False, "error": "not run"}
