@@ -85,7 +85,10 @@ def prepare_dense(kind: str, script: str, work: Path, tiny: bool = False) -> dic
         for split in ("calib", "parity"):
             _label_split(work, split)
     auto = AutoModelForObjectDetection if kind == "detection" else AutoModelForSemanticSegmentation
-    model = auto.from_pretrained(str(work / "model"))
+    from vitexport.quiet import quiet_transformers
+
+    with quiet_transformers():  # its "Loading weights" bar on the bench's terminal, as vitexport's own loads
+        model = auto.from_pretrained(str(work / "model"))
     with np.load(work / "score.npz") as z:
         x = z["pixel_values"]
     with np.load(work / "labels_score.npz") as z:
