@@ -42,3 +42,15 @@ def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_flo
     assert ("worth the MACs" in note) == expect_float and "predicted for the gate's" in note
     if expect_float:
         assert 0 < att["pv_float_macs_share"] < 0.05  # the cheap candidate: a few per cent of the MACs
+
+
+def test_attn_v_stays_int8_where_float_would_break_the_targets_int8_share(tmp_path):
+    """The model whose attention float helps (above) on a target whose INT8-share gate leaves less room than its
+    attn·V takes: float would fail that gate whatever parity says (rk3588's 95 %, a trained YOLOS), so attn·V
+    stays INT8, unprobed, and the note says why."""
+    path, calib = _vit(tmp_path, 4, 5.0)
+    rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin", "parity.quantize_int8.int8_share_min=0.99"),
+                        tmp_path / "w")
+    assert rep.attention["pv"] == 2 and not rep.attention["pv_float"]
+    note = next(n for n in rep.notes if n.startswith("attn·V:"))
+    assert "kept INT8 without a probe" in note and "more than the target's INT8-share gate leaves" in note

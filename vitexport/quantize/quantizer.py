@@ -233,10 +233,12 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
             sens = FeedSet.for_model(calib.head(fb.sensitivity_samples), model, bs)  # whether attn·V can pay
             ranking = rank_sensitivity(model, plan, ranges, sens, target.gate_config, build.cache, on_run=prof.ran)
         if fb.enabled:
-            qdq, plan, first = _probe_pv(model, qdq, plan, first, judge, build, report, ranking)
+            qdq, plan, first = _probe_pv(model, qdq, plan, first, judge, build, report, ranking,
+                                         _share_room(qdq, target, recipe))
         if ranking is not None:
             ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
-            qdq, plan, first = _probe_dominant(qdq, plan, first, judge, build, report, ranking)
+            qdq, plan, first = _probe_dominant(qdq, plan, first, judge, build, report, ranking,
+                                               _share_room(qdq, target, recipe))
             ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
         result = first
         if not first and ranking is not None:
@@ -279,14 +281,32 @@ def _pv_share(pv: list[str], ranking: list[tuple[str, float]] | None) -> float |
     return sum(e for n, e in ranking if n in set(pv)) / total if total > 0 else None
 
 
+def _over_room(nodes: list[str], plan: QuantPlan, room: int | None) -> str | None:
+    """Why ``nodes`` cannot go float (None: they fit): together they take more multiply-accumulates out of
+    INT8 than the target's INT8-share gate leaves (``room``, :func:`_share_room`)."""
+    macs = sum(n.macs for n in plan.nodes if n.node in set(nodes))
+    if room is None or macs <= room:
+        return None
+    total = plan.total_macs or 1
+    return (f"in float it would take {macs / total:.1%} of the quantized MACs out of INT8, more than the "
+            f"target's INT8-share gate leaves ({room / total:.1%})")
+
+
 def _probe_pv(model: ir.Model, qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge, build: _Builder,
-              report: QuantReport, ranking: list[tuple[str, float]] | None = None) -> tuple[ir.Model, QuantPlan, Verdict]:
+              report: QuantReport, ranking: list[tuple[str, float]] | None = None,
+              room: int | None = None) -> tuple[ir.Model, QuantPlan, Verdict]:
     """attn·V in INT8 or float, decided for this model by one more verdict (the cheapest candidate: a few
     per cent of the MACs, at the price of fused INT8 attention on a runtime that has it: the target's attention
     line in the report says, :meth:`~vitexport.targets.Target.attention_note`). A passing model whose
-    attn·V nodes make too small a share of the summed node errors (``ranking``) to pay is left INT8 unprobed."""
+    attn·V nodes make too small a share of the summed node errors (``ranking``) to pay is left INT8 unprobed;
+    so is one whose attn·V in float would not fit the target's INT8-share ``room`` (rk3588's 95 %: a trained
+    YOLOS's four attn·V, 11 % of its MACs, made the share gate fail after the compile)."""
     pv = _pv_nodes(model, plan)
     if not pv:
+        return qdq, plan, first
+    over = _over_room(pv, plan, room)
+    if over:
+        report.notes.append(f"attn·V: kept INT8 without a probe: {over}")
         return qdq, plan, first
     share = _pv_share(pv, ranking)
     log.debug("attn·V share of the summed node errors: %s", "?" if share is None else f"{share:.4f}")
@@ -347,14 +367,17 @@ DOMINANT_TRIES = 2
 
 
 def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge, build: _Builder,
-                    report: QuantReport, ranking: list[tuple[str, float]]) -> tuple[ir.Model, QuantPlan, Verdict]:
+                    report: QuantReport, ranking: list[tuple[str, float]],
+                    room: int | None = None) -> tuple[ir.Model, QuantPlan, Verdict]:
     """One node in float when it alone makes most of the predicted worst-case error (:data:`DOMINANT_GAIN`):
-    the most sensitive small nodes are tried one at a time; the first that qualifies is kept float."""
+    the most sensitive small nodes that fit the target's INT8-share ``room`` are tried one at a time; the
+    first that qualifies is kept float."""
     total = plan.total_macs or 1
     macs = {n.node: n.macs for n in plan.nodes}
     typical = float(np.median([e for _, e in ranking])) if ranking else 0.0
     small = [n for n, e in ranking
-             if macs.get(n, 0) / total <= DOMINANT_MACS and e >= DOMINANT_GAIN * typical][:DOMINANT_TRIES]
+             if macs.get(n, 0) / total <= DOMINANT_MACS and e >= DOMINANT_GAIN * typical
+             and _over_room([n], plan, room) is None][:DOMINANT_TRIES]
     e_int8 = 1.0 - first.prediction.cosine_min
     tried = []
     for node in small:
