@@ -206,3 +206,17 @@ def test_a_fake_forward_that_fails_prints_nothing_and_restores_torch_logging(cap
     out, err = capfd.readouterr()
     assert "fake_tensor" not in out + err and "Traceback" not in out + err
     assert fake_log.level == before
+
+
+def test_the_measured_forward_warns_about_nothing_the_user_wrote():
+    """Finding the lru caches walks every live object, torch's deprecated ``torch.distributed.reduce_op``
+    proxy among them, which warned (a FutureWarning on every export's terminal). Run in a fresh interpreter with
+    that warning an error, since pytest and earlier tests may have shown it once already."""
+    code = ("import torch, torch.distributed\n"
+            "from vitexport.preflight.geometry import forward_peak_bytes\n"
+            "m = torch.nn.Linear(8, 4)\n"
+            "peak = forward_peak_bytes(m, {'input': (2, 8)}, {'input': torch.float32}, keyword=False)\n"
+            "assert peak is not None and peak > 0, peak\n")
+    proc = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FutureWarning" not in proc.stderr

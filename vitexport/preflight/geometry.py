@@ -17,6 +17,7 @@ import copy
 import functools
 import gc
 import logging
+import warnings
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover - torch is imported by the functions that need it
@@ -127,8 +128,13 @@ def forward_peak_bytes(model: "nn.Module", shapes: dict[str, tuple[int, ...]], d
 
 
 def _lru_caches() -> dict[int, tuple[object, int]]:
-    """Every ``functools.lru_cache`` alive, with its miss count."""
-    return {id(o): (o, o.cache_info().misses) for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)}
+    """Every ``functools.lru_cache`` alive, with its miss count. ``isinstance`` on every live object reads
+    ``__class__`` of module proxies too, and torch's deprecated ``torch.distributed.reduce_op`` warns then: on the
+    user's terminal, about nothing they wrote."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return {id(o): (o, o.cache_info().misses) for o in gc.get_objects()
+                if isinstance(o, functools._lru_cache_wrapper)}
 
 
 def _clear_filled(before: dict[int, tuple[object, int]]) -> None:
