@@ -6,13 +6,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # ``bench`` is a top-level folder, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
 from bench.dense import CLASSES, SCENE, coco_ground_truth, scene, scenes  # noqa: E402
-from bench.dense_case import _label_split, _widen_parity, labels_map, labels_miou, score_dense  # noqa: E402
+from bench.dense_case import _label_split, _widen, labels_map, labels_miou, score_dense  # noqa: E402
 from bench.dense import label_arrays  # noqa: E402
 
 
@@ -84,23 +85,25 @@ def test_a_split_gets_its_box_labels_in_the_form_vitexport_reads(tmp_path):
     assert (tmp_path / "parity.npz").stat().st_mtime_ns == stamp
 
 
-def test_the_parity_split_widens_from_its_own_seeds_keeping_its_first_scenes(tmp_path):
-    """The detector's labelled mAP gate wants ~1000 scenes: the training script's 256 stay as they were and
-    the next ones come from the same seed range (never trained or calibrated on), labels beside them."""
+@pytest.mark.parametrize("split", ["parity", "score"])
+def test_a_split_widens_from_its_own_seeds_keeping_its_first_scenes(tmp_path, split):
+    """The detector's labelled mAP gate and its held-out comparison want thousands of scenes: the training
+    script's stay as they were and the next ones come from the same seed range (never trained or calibrated on),
+    labels beside them."""
     from bench.dense import SPLIT_SEEDS
 
-    d = scenes(4, SPLIT_SEEDS["parity"])
-    np.savez(tmp_path / "parity.npz", pixel_values=d["x"])
-    np.savez(tmp_path / "labels_parity.npz", **label_arrays(d, SCENE["max_objects"]))
-    _widen_parity(tmp_path, 7)
-    with np.load(tmp_path / "parity.npz") as z, np.load(tmp_path / "labels_parity.npz") as lab:
+    d = scenes(4, SPLIT_SEEDS[split])
+    np.savez(tmp_path / f"{split}.npz", pixel_values=d["x"])
+    np.savez(tmp_path / f"labels_{split}.npz", **label_arrays(d, SCENE["max_objects"]))
+    _widen(tmp_path, split, 7)
+    with np.load(tmp_path / f"{split}.npz") as z, np.load(tmp_path / f"labels_{split}.npz") as lab:
         assert len(z["pixel_values"]) == 7 and len(lab["classes"]) == 7
         np.testing.assert_array_equal(z["pixel_values"][:4], d["x"])
-        wide = scenes(7, SPLIT_SEEDS["parity"])
+        wide = scenes(7, SPLIT_SEEDS[split])
         assert lab["classes"][6][lab["classes"][6] >= 0].tolist() == list(wide["classes"][6])
-    stamp = (tmp_path / "parity.npz").stat().st_mtime_ns
-    _widen_parity(tmp_path, 5)  # wide enough already: left alone
-    assert (tmp_path / "parity.npz").stat().st_mtime_ns == stamp
+    stamp = (tmp_path / f"{split}.npz").stat().st_mtime_ns
+    _widen(tmp_path, split, 5)  # wide enough already: left alone
+    assert (tmp_path / f"{split}.npz").stat().st_mtime_ns == stamp
 
 
 def test_segmentation_figures_vs_fp32_and_vs_labels():
