@@ -15,8 +15,9 @@ cases (:data:`CASE_MODELS`, :mod:`bench.cases`: trained once by ``scripts/train_
 ``bench/work/<case>``, where ``make bench``'s :mod:`bench.run` keeps them; the demo's committed
 held-out split cut in two), which export with their ``parity`` split as the gate and are scored on
 their ``score`` split, which neither calibration nor the gate nor the fallback selection saw.
-Per model: vitexport exports with the ``rk3588`` recipe up to its INT8 file (:data:`RKNN_SETS`: the
-bench compiles every route itself); then the float graph, its Q/DQ file and its calibration table go to
+Per model: vitexport exports with the ``rk3588`` recipe as the command line does (:data:`RKNN_SETS`: its
+own compile, INT8-share gate and simulator gate included, so the section's exit is the command line's);
+then the float graph, its Q/DQ file and its calibration table go to
 rknn-toolkit2 (``make setup-rknn``) by the three routes of :mod:`vitexport.targets.rknn.routes`,
 the ``qdq`` route's file being what ``--target rk3588`` compiles. OpenVINO: the ``openvino`` recipe's
 FP32 and INT8 files on the CPU plugin. Parity is measured against the torch model's
@@ -52,10 +53,11 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "npu"
 #: where :mod:`bench.run` keeps its cases (trained once, minutes each): the NPU bench reuses them
 CASES_WORK = REPO / "bench" / "work"
-#: the rk3588 recipe as it ships, without its own compile (the bench runs every route itself)
-RKNN_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
-#: the openvino recipe as it ships; the bench runs both files on the CPU plugin itself
-OV_SETS = ["stages.build_engine.enabled=false", "quantization.measure_latency=false", "calibration.num_samples=64"]
+#: the rk3588 recipe as it ships, its own compile and simulator gate included, so the section's exit is the command
+#: line's (INT8-share gate and all); the bench compiles every route itself besides
+RKNN_SETS = ["quantization.measure_latency=false", "calibration.num_samples=64"]
+#: the openvino recipe as it ships (its runtime-precision gate included); the bench runs both files on the CPU plugin
+OV_SETS = ["quantization.measure_latency=false", "calibration.num_samples=64"]
 #: the ethos-u85 recipe as it ships (its worker runs the reference model on every parity sample: ~1 s each on 2 cores)
 ETHOS_SETS = ["quantization.measure_latency=false"]
 ETHOS_TITLE = "## Arm Ethos-U85-256 (issue 32)"
@@ -147,14 +149,14 @@ def _rknn_row(onnx: Path, route: str, calib, info: dict, work: Path, calibration
 
 
 def _export(info: dict, target: str, out: Path, overrides: list[str]) -> tuple[Path, str]:
-    """Export up to the INT8 file; a failed INT8 gate (exit 1) sets its files aside in ``rejected/``, where
-    the bench still measures them (what the gate said is reported beside the figures). Returns the folder
-    holding ``model.int8.onnx`` and the gate's verdict."""
+    """Export as the command line does; a failed gate (exit 1) sets the failed stage's files aside in
+    ``rejected/``, where the bench still measures them (what the gate said is reported beside the figures).
+    Returns the folder holding ``model.int8.onnx`` (``OUT`` when a later stage failed) and the verdict."""
     try:
         export(info["uri"], target, weights=info["weights"], calib=info["calib"], parity_data=info["parity"], out=out,
                overrides=overrides, resume=True)
     except ParityFailure as exc:
-        return out / "rejected", f"exit 1: {exc}"[:200]
+        return (out if (out / "model.int8.onnx").is_file() else out / "rejected"), f"exit 1: {exc}"[:300]
     return out, "exit 0"
 
 
