@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph.query import const_array, opset_version
-from .spec import ActSpec, NodeSpec, QuantPlan, WeightSpec
+from .spec import ActSpec, NodeKind, NodeSpec, QuantPlan, WeightSpec
 
 __all__ = ["ActParams", "act_params", "quantize_weight", "WeightCache", "QdqStats", "convert", "INT8_MAX", "MIN_SCALE"]
 
@@ -109,6 +109,9 @@ class _Writer:
         self.per_channel_ok = opset_version(model) >= 13
         self.values = ir.convenience.create_value_mapping(model.graph)
         self.acts: dict[str, tuple[ActParams, ir.Value, ir.Value]] = {}
+        #: tensors read by attention's MatMuls, int8 where two-sided when the encoding says so
+        self.attention_inputs = ({a.tensor for n in plan.nodes if n.kind == NodeKind.attention for a in n.acts}
+                                 if plan.encoding.symmetric_attention else set())
         self.shared: dict[str, ir.Value] = {}
         self.weights: dict[tuple[str, int | None], tuple[ir.Value, np.ndarray]] = {}
         self.stats = QdqStats()
@@ -123,7 +126,8 @@ class _Writer:
 
     def act(self, tensor: str) -> tuple[ActParams, ir.Value, ir.Value]:
         if tensor not in self.acts:
-            p = act_params(self.ranges[tensor], self.enc.symmetric)
+            rng = self.ranges[tensor]
+            p = act_params(rng, self.enc.symmetric or (tensor in self.attention_inputs and float(rng["lo"]) < 0.0))
             zp = np.asarray(p.zero_point, np.int8 if p.signed else np.uint8)
             self.acts[tensor] = (p, self.const(f"{tensor}_scale", np.asarray(p.scale, np.float32)),
                                  self.const(f"{tensor}_zero_point", zp))

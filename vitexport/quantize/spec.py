@@ -63,12 +63,15 @@ class Encoding:
             rather than one shared pair per tensor.
         int32_bias: Gemm/Conv biases as int32 (ONNX Runtime's QGemm fusion needs them).
         weight_qmax: largest int8 weight magnitude (63: 7-bit weights for CPUs without VNNI).
+        symmetric_attention: where activations are uint8 with a zero point, an attention MatMul's two-sided
+            inputs (q, k, v) are int8 with zero point 0 all the same; one-sided ones (probabilities) stay uint8.
     """
 
     symmetric: bool = True
     dedicated_pairs: bool = True
     int32_bias: bool = False
     weight_qmax: int = 127
+    symmetric_attention: bool = False
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,9 @@ class Target:
     description: ClassVar[str] = ""
     #: symmetric (int8, zero point 0) activations regardless of the recipe
     force_symmetric: ClassVar[bool] = True
+    #: with asymmetric activations, attention MatMuls' two-sided inputs still int8 with zero point 0
+    #: (:attr:`~vitexport.quantize.spec.Encoding.symmetric_attention`)
+    symmetric_attention: ClassVar[bool] = False
     #: per-tensor weights regardless of the recipe
     force_per_tensor: ClassVar[bool] = False
     #: one Q/DQ pair per consumer (TensorRT fuses a pair into its one consumer), else one per tensor
@@ -217,7 +220,8 @@ class Target:
     def encoding(self) -> Encoding:
         """How every Q/DQ pair of this target's plans is written."""
         symmetric = self.force_symmetric or not self.spec.asymmetric_activations
-        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.reduce_range() else 127)
+        return Encoding(symmetric, self.dedicated_pairs, self.int32_bias, 63 if self.reduce_range() else 127,
+                        self.symmetric_attention)
 
     def reduce_range(self) -> bool:
         """7-bit weights: the recipe's choice; ``auto``: where this CPU's INT8 dot products saturate (no VNNI)."""
