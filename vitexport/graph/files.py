@@ -84,7 +84,7 @@ def _weight_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
-def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int = EXTERNAL_DATA_MIN_BYTES,
+def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int | None = None,
                clean: bool = True) -> list[Path]:
     """Clean ``model`` and write it to ``path`` (and ``<path>.data`` for a large one), atomically.
 
@@ -96,7 +96,8 @@ def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int = E
         model: the model; cleaned in place (:class:`~vitexport.graph.clean.CleanPass`), so that what
             the caller holds is what the file holds.
         path: the ``.onnx`` file to write.
-        external_min_bytes: initializer bytes from which weights go to ``<path>.data``.
+        external_min_bytes: initializer bytes from which weights go to ``<path>.data`` (None:
+            :data:`EXTERNAL_DATA_MIN_BYTES`, read when called).
         clean: False writes the model as it is (a test planting a fault; never an artifact).
     Returns:
         The files written (see :func:`artifact_files`).
@@ -108,7 +109,8 @@ def save_model(model: ir.Model, path: str | Path, *, external_min_bytes: int = E
         report = clean_model(model)
         log.debug("%s: %s", path.name, "; ".join(report.notes) or "already clean")
     data = data_file(path)
-    external = _weight_bytes(model) >= external_min_bytes
+    limit = EXTERNAL_DATA_MIN_BYTES if external_min_bytes is None else external_min_bytes
+    external = _weight_bytes(model) >= limit
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))

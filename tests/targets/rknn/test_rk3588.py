@@ -78,3 +78,20 @@ def test_an_unknown_route_is_exit_2_naming_the_key(tmp_path):
                    "--out", str(tmp_path / "out"), timeout=120)
     assert proc.returncode == 2
     assert "target_options.route" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_model_whose_weights_sit_in_a_data_file_compiles_and_is_gated(rknn, tmp_path, monkeypatch):
+    """A large model (all-mpnet-base-v2: 420 MB) is saved with its weights in ``<name>.data``: the laid-out
+    file RKNN compiled moved into the output folder without it, and the build_engine gate's ONNX Runtime session
+    failed ("External data path does not exist", exit 3). Here every saved model takes a data file."""
+    monkeypatch.setattr("vitexport.graph.files.EXTERNAL_DATA_MIN_BYTES", 0)
+    model, calib, parity = _vit()
+    target = load_target("rk3588", ["quantization.measure_latency=false", "target_options.calibration_samples=8"])
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arts = run_pipeline(model, target, out, calib=calib, parity_data=parity)
+    assert arts.passed and "build_engine" in {s.stage for s in arts.parity.stages}
+    assert (out / "model.int8.onnx.data").is_file() and (out / "model.rknn.onnx.data").is_file()
+    assert not list(out.glob(".rknn-*"))  # the compile's scratch folder is gone

@@ -99,7 +99,7 @@ def qdq_for_rknn(int8: str | Path, dst: str | Path, feeds: Sequence[Mapping[str,
 def layout_hazards(model: ir.Model) -> list[Hazard]:
     """What RKNN would crash on, hang on or run on the CPU in ``model`` once laid out for it (a copy:
     the Q/DQ layout when the model has Q/DQ, the float forms otherwise)."""
-    copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    copy = model.clone()  # initializers shared, external ones still read from their own folder
     if copy.metadata_props.get(LAYOUT_KEY):
         pass  # already what RKNN compiles (model.rknn.onnx): its hazards as it stands
     elif any(n.op_type == "DequantizeLinear" for n in copy.graph):

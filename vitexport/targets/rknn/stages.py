@@ -28,7 +28,7 @@ from pydantic import Field
 
 from ...calibration.feeds import FeedSet
 from ...errors import BadInput
-from ...graph.files import load_model
+from ...graph.files import artifact_files, load_model
 from ...graph.macs import MAC_OPS
 from ...graph.split import split_integer_prefix
 from ...io import atomic_path
@@ -243,9 +243,12 @@ class CompileRknnStage:
         moved into the output folder."""
         files = {}
         for name in (RKNN_MODEL, RKNN_ONNX, *([HOST_ONNX] if host else [])):
-            with atomic_path(ctx.out_dir / name) as dst:
-                shutil.move(work / name, dst)
-            files[name] = ctx.out_dir / name
+            # a large model's weights sit in ``<name>.data`` beside it (the file names it): that first, then the
+            # model, so a model file in the folder always finds its data
+            for part in reversed(artifact_files(work / name)):
+                with atomic_path(ctx.out_dir / part.name) as dst:
+                    shutil.move(part, dst)
+                files[part.name] = ctx.out_dir / part.name
         feeds = ctx.reference.feeds
         names = [o.name for o in load_model(files[RKNN_ONNX]).graph.outputs]
         # named as ONNX Runtime's runner names them: a single output is "output"
