@@ -34,10 +34,10 @@ class ActParams:
     signed: bool  # int8 (True) or uint8
 
 
-def act_params(rng: Mapping[str, float], symmetric: bool) -> ActParams:
-    """int8 symmetric (``amax / 127``, zero point 0) or uint8 asymmetric parameters from a range."""
+def act_params(rng: Mapping[str, float], symmetric: bool, qmax: int = INT8_MAX) -> ActParams:
+    """int8 symmetric (``amax / qmax``, zero point 0) or uint8 asymmetric parameters from a range."""
     if symmetric:
-        return ActParams(max(float(rng["amax"]) / INT8_MAX, MIN_SCALE), 0, True)
+        return ActParams(max(float(rng["amax"]) / qmax, MIN_SCALE), 0, True)
     lo, hi = min(float(rng["lo"]), 0.0), max(float(rng["hi"]), 0.0)
     scale = max((hi - lo) / 255.0, MIN_SCALE)
     zp = int(np.clip(np.round(-lo / scale), 0, 255))
@@ -109,9 +109,14 @@ class _Writer:
         self.per_channel_ok = opset_version(model) >= 13
         self.values = ir.convenience.create_value_mapping(model.graph)
         self.acts: dict[str, tuple[ActParams, ir.Value, ir.Value]] = {}
-        #: tensors read by attention's MatMuls, int8 where two-sided when the encoding says so
-        self.attention_inputs = ({a.tensor for n in plan.nodes if n.kind == NodeKind.attention for a in n.acts}
-                                 if plan.encoding.symmetric_attention else set())
+        # attention's MatMuls where the encoding says so: inputs int8 where two-sided (q, k, v; probabilities stay
+        # uint8). Behind a two-sided first operand (Q·Kᵀ) the second is int8 within the weights' range: 7-bit where
+        # the CPU's u8 x s8 pairwise sums saturate at 8 bits, as a weight's. Behind probabilities (attn·V) it needs
+        # none: two neighbouring probabilities sum to at most 1, so a pair of products stays under the int16 limit.
+        attn = [n for n in plan.nodes if n.kind == NodeKind.attention] if plan.encoding.symmetric_attention else []
+        self.attention_inputs = {a.tensor for n in attn for a in n.acts}
+        self.second_operands = {b.tensor for n in attn for a in n.acts for b in n.acts
+                                if a.index == 0 and b.index == 1 and self._two_sided(a.tensor)}
         self.shared: dict[str, ir.Value] = {}
         self.weights: dict[tuple[str, int | None], tuple[ir.Value, np.ndarray]] = {}
         self.stats = QdqStats()
@@ -124,10 +129,16 @@ class _Writer:
         self.graph.register_initializer(v)
         return v
 
+    def _two_sided(self, tensor: str) -> bool:
+        return float(self.ranges[tensor]["lo"]) < 0.0
+
     def act(self, tensor: str) -> tuple[ActParams, ir.Value, ir.Value]:
         if tensor not in self.acts:
             rng = self.ranges[tensor]
-            p = act_params(rng, self.enc.symmetric or (tensor in self.attention_inputs and float(rng["lo"]) < 0.0))
+            if tensor in self.second_operands:
+                p = act_params(rng, True, self.enc.weight_qmax)
+            else:
+                p = act_params(rng, self.enc.symmetric or (tensor in self.attention_inputs and self._two_sided(tensor)))
             zp = np.asarray(p.zero_point, np.int8 if p.signed else np.uint8)
             self.acts[tensor] = (p, self.const(f"{tensor}_scale", np.asarray(p.scale, np.float32)),
                                  self.const(f"{tensor}_zero_point", zp))
