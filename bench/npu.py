@@ -333,13 +333,13 @@ def render(results: dict, ov: dict, samples: int, trained_samples: int, ethos: d
     if ov:
         lines += ["## OpenVINO 2026.4 CPU plugin (2 threads, batch 1)", "",
                   "| model | held-out | FP32 cos min | INT8 cos min | INT8 top-1 agree | INT8 accuracy (FP32) | INT8 share (runtime) "
-                  "| FP32 ms | INT8 ms | speedup |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| FP32 ms | INT8 ms | speedup | `vitexport export --target openvino` |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, r in ov.items():
             fig = _task(r["int8"]) if "top1" not in r["int8"] else f"{r['int8']['top1']:.3f} | {_acc(r['int8'])}"
             lines.append(f"| {_title(key)} | {r['n']} | {r['fp32']['cos_min']:.4f} | {r['int8']['cos_min']:.4f} | "
                          f"{fig} | {r['int8']['int8_share']:.1%} | {r['fp32']['latency_ms']:.1f} | "
-                         f"{r['int8']['latency_ms']:.1f} | {r['speedup']:.2f}x |")
+                         f"{r['int8']['latency_ms']:.1f} | {r['speedup']:.2f}x | {r.get('gate', 'exit 0').replace('|', '/')} |")
     if ethos:
         lines += ["", *render_ethos(ethos)]
     return "\n".join(lines) + "\n"
