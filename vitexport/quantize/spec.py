@@ -64,8 +64,8 @@ class Encoding:
         int32_bias: Gemm/Conv biases as int32 (ONNX Runtime's QGemm fusion needs them).
         weight_qmax: largest int8 weight magnitude (63: 7-bit weights for CPUs without VNNI).
         symmetric_attention: where activations are uint8 with a zero point, an attention MatMul's two-sided
-            inputs are int8 with zero point 0 (q, k, v; the probabilities, one-sided, stay uint8), and Q·Kᵀ's k,
-            the signed side of an integer kernel, within ``weight_qmax`` as a weight.
+            inputs are int8 with zero point 0 (q, k, v; the probabilities, one-sided, stay uint8), and the second
+            input (k, v), the signed side of an integer kernel, within ``weight_qmax`` as a weight.
     """
 
     symmetric: bool = True

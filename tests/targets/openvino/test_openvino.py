@@ -52,7 +52,15 @@ def test_every_quantized_linear_runs_int8_the_head_included(exported):
     assert len(head) == 1  # the classifier head writes the graph output: the case the layer naming hides
     assert runtime["quantized_linears"] == len(linears) == 5  # qkv, proj, fc1, fc2, head
     assert runtime["linears_not_int8"] == []
-    assert runtime["int8_share"] == 1.0
+    assert _plugin_runs_int8_all_the_file_quantized(out)
+
+
+def _plugin_runs_int8_all_the_file_quantized(out) -> bool:
+    """What the plugin ran in float is what the quantizer left float (attn·V may be: its probe decides), and the
+    share is what the file's Q/DQ covers, at the 0.95 gate or above."""
+    doc = json.loads((out / "parity.json").read_text())
+    share = next(s for s in doc["stages"] if s["stage"] == "build_engine")["details"]["int8_share"]
+    return share["share"] >= 0.95 and all(f["why"].startswith("no Q/DQ on it") for f in share["float_layers"])
 
 
 def test_a_linear_without_an_integer_kernel_is_named(exported):
@@ -78,7 +86,7 @@ def test_the_runtime_share_is_gated_and_a_float_layer_is_named_with_why(exported
     doc = json.loads((out / "parity.json").read_text())
     stage = next(s for s in doc["stages"] if s["stage"] == "build_engine")
     check = next(c for c in stage["checks"] if c["metric"] == "int8_share")
-    assert check["passed"] and check["limit"] == 0.95 and stage["details"]["int8_share"]["share"] == 1.0
+    assert check["passed"] and check["limit"] == 0.95 and _plugin_runs_int8_all_the_file_quantized(out)
     with OpenVinoRunner(out / "model.xml") as run:
         prec = run.precisions()
     fc1 = next(layer for layer in prec.int8_layers if any("fc1/MatMul" in n for n in layer))
@@ -126,8 +134,9 @@ def test_attention_matmuls_take_int8_inputs_so_the_cpu_plugin_runs_them_integer(
     """OpenVINO's activations are uint8 with a zero point, yet a Q·Kᵀ whose q arrives as uint8 with zero point
     128 ran in f32 on the CPU plugin (ViT-Tiny: 11 of 12, 93.4 % INT8, under the 0.95 gate): attention's
     two-sided inputs are int8 with zero point 0, the probabilities (one-sided) stay uint8, and every
-    attention MatMul runs an integer kernel. Its second operand is the kernel's signed side: 7-bit where this
-    CPU's 8-bit products saturate, as weights are (8-bit k took a trained YOLOS's plugin cosine to 0.962)."""
+    attention MatMul the file quantizes runs an integer kernel. Its second operand (k, v) is the kernel's signed
+    side: 7-bit where this CPU's 8-bit products saturate, as weights are (8-bit k took a trained YOLOS's plugin
+    cosine to 0.962, 8-bit v a Conditional DETR's to 0.971)."""
     torch.manual_seed(0)
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, img_size=IMG, patch_size=8, num_classes=10)
     module = OutputAdapter(vit.eval(), ["image"], keyword=False).eval()
@@ -141,20 +150,21 @@ def test_attention_matmuls_take_int8_inputs_so_the_cpu_plugin_runs_them_integer(
     assert arts.passed
     qdq = load_model(out / "model.int8.onnx")
     scores = [n for n in qdq.graph if n.op_type == "MatMul" and n.name.endswith("attn/MatMul")]
-    probs = [n for n in qdq.graph if n.op_type == "MatMul" and n.name.endswith("attn/MatMul_1")]
-    assert len(scores) == len(probs) == 2
+    probs = [n for n in qdq.graph if n.op_type == "MatMul" and n.name.endswith("attn/MatMul_1")
+             and n.inputs[1].producer().op_type == "DequantizeLinear"]  # attn·V the quantizer kept INT8
+    assert len(scores) == 2
     zp = lambda v: v.producer().inputs[2].const_value.numpy()  # noqa: E731 - the DequantizeLinear's zero point
     for node in scores:
         assert all(zp(v).dtype == np.int8 and not zp(v).any() for v in node.inputs)
     ranges = json.loads((out / "calibration.json").read_text())["tensors"]
     qmax = 63 if int8_dot_saturates() else 127
-    for node in scores:  # attn·V's v needs none: neighbouring probabilities sum to at most 1
+    for node in scores + probs:
         dq = node.inputs[1].producer()
         k = dq.inputs[0].producer().inputs[0].name  # the calibrated tensor the QuantizeLinear reads
         assert float(dq.inputs[1].const_value.numpy()) == pytest.approx(ranges[k]["amax"] / qmax, rel=1e-5)
     for node in probs:
         assert zp(node.inputs[0]).dtype == np.uint8  # softmax: one-sided, uint8 as every other activation
-    runtime = json.loads((out / "manifest.json").read_text())["runtime"]["build_engine"]
-    assert runtime["int8_share"] == 1.0
-    with OpenVinoRunner(out / "model.xml") as run:
-        assert run.precisions().float_layers == []
+    assert _plugin_runs_int8_all_the_file_quantized(out)
+    with OpenVinoRunner(out / "model.xml") as run:  # every Q/DQ'd attention MatMul runs an integer kernel
+        floats = {name for layer, _, _, _ in run.precisions().float_layers for name in layer}
+    assert not floats & {n.name for n in scores + probs if n.inputs[0].producer().op_type == "DequantizeLinear"}

@@ -131,8 +131,8 @@ class OpenVinoTarget(Target):
     description = "OpenVINO IR (model.xml/.bin), parity on OpenVINO's CPU plugin; Intel's NPU plugin compiles the same IR"
     force_symmetric = False  # the recipe's asymmetric_activations decides: u8 activations for OpenVINO's kernels
     #: but Q·Kᵀ with a u8 input and its zero point ran in f32 on the CPU plugin (ViT-Tiny: 11 of 12, 93.4 % INT8);
-    #: q and k as int8 with zero point 0 run as an integer MatMul, k 7-bit where 8-bit weights saturate (an AVX2 CPU
-    #: without VNNI: 8-bit k took a trained YOLOS's plugin cosine from the Q/DQ file's 0.9993 to 0.962; 7-bit, equal)
+    #: q and k as int8 with zero point 0 run as an integer MatMul, k and v 7-bit where 8-bit weights saturate (an AVX2
+    #: CPU without VNNI: 8-bit k took a trained YOLOS's plugin cosine from the Q/DQ file's 0.9993 to 0.962)
     symmetric_attention = True
     dedicated_pairs = False
     engine = "OpenVINO"
