@@ -71,10 +71,10 @@ $(ETHOS_STAMP): $(ETHOS_REQS) vitexport/targets/ethos_u/requirements-deps.txt sc
 	$(ETHOS_PIP) -r vitexport/targets/ethos_u/requirements-deps.txt
 	$(ETHOS_PIP) --no-deps -r $(ETHOS_REQS)
 	$(BIN)/python scripts/share_torch.py $(ETHOS_VENV)
-	$(ETHOS_VENV)/bin/python -I -c "import torch, ethosu.vela, tosa_reference_model, executorch.backends.arm.ethosu"
+	$(ETHOS_VENV)/bin/python -I -c "import torch, ethosu.vela, tosa_reference_model, executorch.backends.arm.ethosu, ai_edge_litert.interpreter"
 	touch $@
 
-setup-ethos: $(ETHOS_STAMP)  ## the Ethos-U venv (.venv-ethos: ExecuTorch's Arm backend, Vela, TOSA reference model; torch borrowed from .venv)
+setup-ethos: $(ETHOS_STAMP)  ## the Ethos-U venv (.venv-ethos: ExecuTorch's Arm backend, Vela, TOSA reference model, LiteRT; torch borrowed from .venv)
 
 export:  ## make export TARGET=orin [MODEL=..] [WEIGHTS=..] [CALIB=..] [PARITY_DATA=..] [OUT=..]
 	$(BIN)/vitexport export $(export_args)

@@ -212,19 +212,21 @@ def bench_openvino(key: str, samples: int, trained_samples: int) -> dict:
     return row
 
 
-def bench_ethos(key: str, samples: int) -> dict:
-    """``vitexport export --target ethos-u85`` on one trained case, gated on ``samples`` of its score split;
-    the figures read back from the export's ``parity.json`` (a failed gate's too)."""
+def bench_ethos(key: str, samples: int, route: str = "executorch") -> dict:
+    """``vitexport export --target ethos-u85`` on one trained case by one route (``target_options.route``),
+    gated on ``samples`` of its score split; the figures read back from the export's ``parity.json`` (a failed
+    gate's too)."""
     info = _prepare(key, samples, samples)
-    out = WORK / f"ethos-{key}" / "export"
+    out = WORK / f"ethos-{key}-{route}" / "export"
     t0 = time.perf_counter()
     code, error = 0, None
     try:
         export(info["uri"], "ethos-u85", weights=info["weights"], calib=info["calib"], parity_data=info["heldout"], out=out,
-               overrides=[*ETHOS_SETS, f"parity_data.num_samples={info['n']}"], resume=True)
+               overrides=[*ETHOS_SETS, f"parity_data.num_samples={info['n']}", f"target_options.route={route}"],
+               resume=True)
     except VitexportError as exc:
         code, error = exc.exit_code, str(exc)
-    return ethos_row(out, info["n"], code, time.perf_counter() - t0, error)
+    return {"route": route, **ethos_row(out, info["n"], code, time.perf_counter() - t0, error)}
 
 
 def ethos_row(out: Path, n: int, code: int, wall_s: float, error: str | None = None) -> dict:
@@ -249,28 +251,35 @@ def _cell(r: dict | None, key: str, fmt: str = ".4f") -> str:
 
 
 def render_ethos(ethos: dict) -> list[str]:
-    """The Ethos-U85 section: the export's exit code, reference-model parity, NPU share, Vela's estimates."""
+    """The Ethos-U85 section: per case and route, the export's exit code, reference-runtime parity, NPU share,
+    Vela's estimates."""
     lines = [ETHOS_TITLE, "",
-             "`vitexport export --target ethos-u85` as it ships (int16 activations, int8 weights: ExecuTorch 1.5.1's "
-             "EthosUQuantizer on the case's calibration split, EthosUPartitioner → TOSA → Vela 5.2.0, system config "
-             "Ethos_U85_SYS_DRAM_Mid / Sram_Only), gated on the case's score split, which ExecuTorch's quantizer never "
-             "sees. ref model = the quantized program on the TOSA reference model (tosa-tools 2026.8.0); quantized = "
-             "ExecuTorch's quantized program in torch; NPU share = multiply-accumulates in Vela's partitions / all; "
-             "cycles and latency are Vela's estimates for one inference.", "",
-             "| model | held-out | exit | ref model cos min | cos mean | top-1 agree | accuracy (FP32) | quantized cos min "
-             "| NPU share | CPU compute ops | Vela cycles | est. latency ms | SRAM KiB | flash KiB | export s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, r in ethos.items():
+             "`vitexport export --target ethos-u85` with its defaults, by each route (`target_options.route`), gated on the "
+             "case's score split, which neither quantizer sees (int16 activations, int8 weights, Vela 5.2.0, system "
+             "config Ethos_U85_SYS_DRAM_Mid / Sram_Only). executorch: ExecuTorch 1.5.1's EthosUQuantizer on the case's "
+             "calibration split, EthosUPartitioner → TOSA → Vela, model.pte; ref runtime = the quantized program on the "
+             "TOSA reference model (tosa-tools 2026.8.0), quantized = ExecuTorch's quantized program in torch. tflite: "
+             "vitexport's FP32 ONNX lowered to TFLite, LiteRT 2.3.0's post-training quantizer (16x8) on the same "
+             "calibration samples → Vela, model.tflite; ref runtime = quantized = Vela's input on the LiteRT interpreter's "
+             "reference kernels. NPU share = multiply-accumulates in Vela's NPU parts / all; cycles and latency are "
+             "Vela's estimates for one inference; stages s = the export's stage seconds summed (a stage resumed from "
+             "an earlier run of the same code counts the seconds it took then).", "",
+             "| model | route | held-out | exit | ref runtime cos min | cos mean | top-1 agree | accuracy (FP32) | quantized "
+             "cos min | NPU share | CPU compute ops | Vela cycles | est. latency ms | SRAM KiB | flash KiB | stages s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in ethos.items():
+        key = name.split("@")[0]
         sim, rt = r.get("simulate"), r.get("runtime") or {}
         acc = f"{sim['accuracy']:.3f} ({sim['reference_accuracy']:.3f})" if sim and sim.get("accuracy") is not None else ""
         share = "" if r.get("int8_share") is None else f"{r['int8_share']:.1%}"
         cpu = ", ".join(rt.get("cpu_compute_ops", [])) or ("none" if rt else "")
-        lines.append(f"| {_title(key)} | {r['n']} | {r['exit']} | {_cell(sim, 'cosine_min')} | {_cell(sim, 'cosine_mean')} | "
-                     f"{_cell(sim, 'top1_agreement', '.3f')} | {acc} | {_cell(r.get('build_engine'), 'cosine_min')} | {share} | "
-                     f"{cpu} | {_cell(rt, 'npu_cycles', ',')} | {_cell(rt, 'latency_ms', '.3f')} | {_cell(rt, 'sram_kib', '.1f')} "
-                     f"| {_cell(rt, 'flash_kib', '.1f')} | {r['wall_s']:.0f} |")
+        lines.append(f"| {_title(key)} | {r.get('route', 'executorch')} | {r['n']} | {r['exit']} | {_cell(sim, 'cosine_min')} | "
+                     f"{_cell(sim, 'cosine_mean')} | {_cell(sim, 'top1_agreement', '.3f')} | {acc} | "
+                     f"{_cell(r.get('build_engine'), 'cosine_min')} | {share} | {cpu} | {_cell(rt, 'npu_cycles', ',')} | "
+                     f"{_cell(rt, 'latency_ms', '.3f')} | {_cell(rt, 'sram_kib', '.1f')} | {_cell(rt, 'flash_kib', '.1f')} | "
+                     f"{sum((r.get('seconds') or {}).values()) or r['wall_s']:.0f} |")
         if r.get("error"):
-            lines.append(f"| ↳ {r['error'][:200]} |" + " |" * 14)
+            lines.append(f"| ↳ {r['error'][:200]} |" + " |" * 15)
     return [*lines, ""]
 
 
@@ -354,13 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=32, help="held-out inputs per random-weight model")
     ap.add_argument("--trained-samples", type=int, default=256, help="held-out (score split) inputs per trained model")
     ap.add_argument("--ethos-models", default="demo,digits_vit", help="trained cases exported with --target ethos-u85")
+    ap.add_argument("--ethos-routes", default="executorch,tflite", help="target_options.route values, each benched")
     ap.add_argument("--ethos-samples", type=int, default=128,
                     help="score-split inputs per Ethos-U model (the TOSA reference model takes ~1 s each on 2 cores)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results-npu.md"))
     a = ap.parse_args(argv)
     results = {k: bench_model(k, a.samples, a.trained_samples) for k in a.models.split(",") if k}
     ov = {k: bench_openvino(k, a.samples, a.trained_samples) for k in a.ov_models.split(",") if k}
-    ethos = {k: bench_ethos(k, a.ethos_samples) for k in a.ethos_models.split(",") if k}
+    ethos = {f"{k}@{r}": bench_ethos(k, a.ethos_samples, r) for k in a.ethos_models.split(",") if k
+             for r in a.ethos_routes.split(",") if r}
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps({"rknn": results, "openvino": ov, "ethos": ethos}, indent=1, default=str))
     out = Path(a.out)

@@ -11,7 +11,8 @@ and reads back the reply. A crash, a timeout or a toolchain error becomes one :c
 
 Request (JSON)::
 
-    {"program": PT2, "input_names": [str], "accelerator": "ethos-u85-256", "system_config": str | null, "memory_mode": str | null,
+    {"route": "executorch" | "tflite", "program": PT2 | program.json, "program_npz": NPZ (tflite),
+     "vela_input": PATH (tflite: the integer .tflite Vela read), "input_names": [str], "accelerator": "ethos-u85-256", "system_config": str | null, "memory_mode": str | null,
      "per_channel": bool, "activations": "int8" | "int16", "calibration": [[npy per input], ...], "inputs": [[npy per input], ...],
      "work_dir": DIR, "outputs_dir": DIR, "reply": PATH, "pte": PATH}
 
@@ -43,7 +44,8 @@ WORKER = Path(__file__).with_name("worker.py")
 #: where ``make setup-ethos`` puts the venv: the repository root (this package is installed editable)
 _DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-ethos"
 ETHOS_VENV_ENV = "VITEXPORT_ETHOS_VENV"
-SETUP_HINT = "run `make setup-ethos` (creates .venv-ethos with executorch 1.5.1, ethos-u-vela 5.2.0, tosa-tools)"
+SETUP_HINT = ("run `make setup-ethos` (creates .venv-ethos with executorch 1.5.1, ethos-u-vela 5.2.0, tosa-tools, "
+              "ai-edge-litert)")
 
 
 def ethos_python() -> Path:
@@ -53,7 +55,8 @@ def ethos_python() -> Path:
 
 def ethos_missing() -> str | None:
     """Why the toolchain cannot run here, or None when it can (one import of each tool, a few seconds)."""
-    return venv_missing(ethos_python(), "ethosu.vela, tosa_reference_model, executorch.exir", "the Ethos-U toolchain",
+    return venv_missing(ethos_python(), "ethosu.vela, tosa_reference_model, executorch.exir, ai_edge_litert.interpreter",
+                        "the Ethos-U toolchain",
                         SETUP_HINT)
 
 
@@ -70,8 +73,13 @@ class EthosRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    #: a ``torch.export`` program (``.pt2``) of the model as vitexport's passes left it
+    #: ``executorch``: a ``torch.export`` program (``.pt2``) of the model as vitexport's passes left it;
+    #: ``tflite``: the lowered program's ``program.json`` (:mod:`.tflite_lower`)
     program: Path
+    #: ``executorch`` (ExecuTorch's Arm backend → TOSA → Vela) or ``tflite`` (LiteRT's quantizer → Vela)
+    route: str = "executorch"
+    #: the ``tflite`` route's constants (``program.npz``)
+    program_npz: Path | None = None
     #: Vela's ``--accelerator-config`` (``ethos-u85-256``, ``ethos-u55-128``)
     accelerator: str
     system_config: str | None = None
@@ -81,8 +89,12 @@ class EthosRequest(BaseModel):
     activations: str = "int16"
     calibration: list[dict[str, np.ndarray]] = Field(default_factory=list)
     inputs: list[dict[str, np.ndarray]] = Field(default_factory=list)
-    #: where the ``.pte`` is written
+    #: where the artifact is written (``model.pte``; Vela's optimized ``model.tflite`` on the tflite route)
     pte: Path
+    #: the tflite route: where the integer ``.tflite`` Vela read (and LiteRT ran) is written
+    vela_input: Path | None = None
+    #: the tflite route: the attention masks whose minus infinity the lowering calibrated (for the report)
+    mask_fill: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class EthosResult(BaseModel):
@@ -119,7 +131,11 @@ def _write_request(req: EthosRequest, work: Path) -> Path:
             "activations": req.activations,
             "calibration": npy_rows(req.calibration, work / "calibration", "cal"),
             "inputs": npy_rows(req.inputs, work / "inputs", "x"), "work_dir": str(work / "arm"),
-            "outputs_dir": str(work / "outputs"), "reply": str(work / "reply.json"), "pte": str(Path(req.pte).resolve())}
+            "outputs_dir": str(work / "outputs"), "reply": str(work / "reply.json"), "pte": str(Path(req.pte).resolve()),
+            "route": req.route, "mask_fill": req.mask_fill}
+    if req.route == "tflite":
+        body["program_npz"] = str(Path(req.program_npz or "").resolve())
+        body["vela_input"] = str(Path(req.vela_input or "").resolve())
     path = work / "request.json"
     path.write_text(json.dumps(body, indent=1))
     return path

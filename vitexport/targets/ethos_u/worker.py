@@ -6,7 +6,8 @@ files in and files out::
 
     python -I vitexport/targets/ethos_u/worker.py REQUEST.json
 
-One request quantizes the torch program vitexport's passes left (``torch.export``-ed by the client to a
+Route ``tflite`` (:mod:`tflite_worker`, beside this file): the lowered program written as a float ``.tflite``,
+LiteRT's quantizer (16x8), the LiteRT interpreter on the parity inputs, Vela. Route ``executorch``: one request quantizes the torch program vitexport's passes left (``torch.export``-ed by the client to a
 ``.pt2``; torch is the project's own pin, shared into the venv) with ExecuTorch's ``EthosUQuantizer`` on
 vitexport's calibration samples, lowers it with ``EthosUPartitioner`` (TOSA, then Vela) into a ``.pte``,
 runs Vela once more on each partition's TOSA for its summary CSV (cycles, latency, SRAM / flash), and
@@ -374,11 +375,59 @@ def _serialize(req: dict, st: dict) -> None:
         f.write(st["manager"].to_executorch().buffer)
 
 
+def _tflite_steps(req: dict, st: dict, reply: dict) -> list:
+    """The ``tflite`` route: vitexport's lowered program → float ``.tflite`` → LiteRT's 16x8 (or int8)
+    quantizer on the calibration samples → the LiteRT interpreter on the parity inputs → Vela."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I left this folder off the path
+    import tflite_worker as tw
+
+    work = req["work_dir"]
+    os.makedirs(work, exist_ok=True)
+    plain, quant = os.path.join(work, "model.float.tflite"), os.path.join(work, "model.int.tflite")
+    reply["activations"], reply["mask_fill"] = req.get("activations", "int16"), req.get("mask_fill", [])
+
+    def interpret() -> None:
+        t0 = time.perf_counter()
+        outs = tw.interpret(quant, [[np.load(p) for p in row] for row in req["inputs"]])
+        reply["seconds_per_sample"] = (time.perf_counter() - t0) / max(len(req["inputs"]), 1)
+        reply["outputs"] = reply["quantized_outputs"] = _record(os.path.join(req["outputs_dir"], "litert"), outs)
+
+    def vela() -> None:
+        from executorch.backends.arm.ethosu import EthosUCompileSpec
+
+        spec = EthosUCompileSpec(req["accelerator"], system_config=req.get("system_config"),
+                                 memory_mode=req.get("memory_mode"))
+        flags = dict(f[2:].split("=", 1) for f in spec.compiler_flags if f.startswith("--") and "=" in f)
+        reply["system_config"], reply["memory_mode"] = flags.get("system-config"), flags.get("memory-mode")
+        st["optimized"], row = tw.compile_vela(quant, spec.compiler_flags, os.path.join(work, "vela"))
+        reply["partitions"] = [{"tosa": quant, **row}]
+
+    def place() -> None:
+        reply["cpu_ops"], reply["delegates"] = tw.placement(st["optimized"])
+
+    def serialize() -> None:
+        os.replace(st["optimized"], req["pte"])
+        os.replace(quant, req["vela_input"])
+
+    def quantize() -> None:
+        tw.quantize(plain, [[np.load(p) for p in row] for row in req["calibration"]], req.get("activations", "int16"),
+                    quant, req.get("per_channel", True))
+        if "u55" in req["accelerator"] and req.get("activations", "int16") == "int16":
+            # Ethos-U55 multiplies two activations in int8 only: its 16x8 BATCH_MATMUL would run on the CPU
+            if tw.int8_matmuls(quant):
+                reply["int8_ops"] = ["batch_matmul"]
+
+    return [("write", lambda: tw.write_float(req["program"], req["program_npz"], plain)), ("quantize", quantize),
+            ("reference", interpret if req.get("inputs") else lambda: None), ("vela", vela),
+            ("placement", place), ("serialize", serialize)]
+
+
 def run_request(req: dict) -> dict:
-    """Run one request: quantize, lower (TOSA + Vela), vela (summaries), placement, reference, serialize (.pte)."""
-    reply: dict = {"ok": False, "stages": {}, "stage": None, "error": None}
+    """Run one request. ``executorch``: quantize, lower (TOSA + Vela), vela (summaries), placement, reference,
+    serialize (``.pte``); ``tflite``: write, quantize, reference (LiteRT), vela, placement, serialize."""
+    reply: dict = {"ok": False, "stages": {}, "stage": None, "error": None, "route": req.get("route", "executorch")}
     st: dict = {}
-    steps = [("quantize", lambda: _quantize(req, st, reply)),
+    steps = _tflite_steps(req, st, reply) if reply["route"] == "tflite" else [("quantize", lambda: _quantize(req, st, reply)),
              ("quantized_outputs", lambda: _quantized_outputs(req, st, reply)), ("lower", lambda: _lower(req, st, reply)),
              ("vela", lambda: _vela(req, st, reply)), ("placement", lambda: _placement(st, reply)),
              ("reference", lambda: _reference(req, st, reply) if req.get("inputs") else None),
