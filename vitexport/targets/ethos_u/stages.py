@@ -54,7 +54,7 @@ class EthosUOptions(TargetOptions):
     """``target_options`` of the ethos-u targets."""
 
     system_config: str | None = Field(
-        default=None, description="Vela's --system-config (None: ExecuTorch's default for the accelerator)")
+        default=None, description="Vela's --system-config (None: the accelerator's default, ExecuTorch's)")
     memory_mode: str | None = Field(default=None, description="Vela's --memory-mode (None: ExecuTorch's default)")
     sram_kib: float = Field(default=2048.0, gt=0, description="the SRAM the program may use (KiB): more is exit 1")
     flash_kib: float = Field(default=8192.0, gt=0, description="the flash its weights may use (KiB): more is exit 1")
@@ -92,6 +92,9 @@ class EthosTarget(Protocol):
 
     @property
     def auto_route(self) -> str: ...
+
+    @property
+    def vela_system(self) -> tuple[str, str]: ...
 
 
 def _kib(row: dict, key: str) -> float:
@@ -244,6 +247,9 @@ class CompileEthosUStage:
                 why = f"route executorch: {err} (target_options.route=auto falls back)"
             else:
                 js, npz = program.save(work / "program")
+                # the system named here: the worker then calls Vela without importing ExecuTorch (~10-25 s)
+                common.update(system_config=o.system_config or t.vela_system[0],
+                              memory_mode=o.memory_mode or t.vela_system[1])
                 return EthosRequest(program=js, program_npz=npz, route="tflite", pte=work / TFLITE,
                                     vela_input=work / VELA_INPUT, mask_fill=program.mask_fill, **common), why
         import torch

@@ -46,6 +46,9 @@ class _EthosU(Target):
     accelerator: ClassVar[str]
     #: the route ``target_options.route=auto`` takes (measured in bench/results-npu.md)
     auto_route: ClassVar[str] = "executorch"
+    #: Vela's system configuration and memory mode when ``target_options`` names none (ExecuTorch 1.5.1's
+    #: defaults for the accelerator, so both routes compile for the same system)
+    vela_system: ClassVar[tuple[str, str]]
     #: the toolchain the worker's venv holds (``make setup-ethos``)
     toolkit: ClassVar[str] = "executorch==1.5.1 ethos-u-vela==5.2.0 tosa-tools==2026.8.0 ai-edge-litert==2.3.0"
     engine = "Ethos-U"
@@ -90,6 +93,7 @@ class EthosU85Target(_EthosU):
                    "(target_options.route=executorch: model.pte, TOSA reference model)")
     accelerator = "ethos-u85-256"
     auto_route = "tflite"
+    vela_system = ("Ethos_U85_SYS_DRAM_Mid", "Sram_Only")
     runs_on = "an Arm Ethos-U85-256 NPU (model.tflite for TFLite Micro, Vela; or model.pte by ExecuTorch)"
 
 
@@ -101,4 +105,5 @@ class EthosU55Target(_EthosU):
     name = "ethos-u55"
     description = "Arm Ethos-U55-128, ExecuTorch 1.5.1 + Vela 5.2.0: model.pte, parity on the TOSA reference model"
     accelerator = "ethos-u55-128"
+    vela_system = ("Ethos_U55_High_End_Embedded", "Shared_Sram")
     runs_on = "an Arm Ethos-U55-128 NPU (model.pte: ExecuTorch's Arm backend, Vela; parity on the TOSA reference model)"
