@@ -27,55 +27,39 @@ MOVES = ("QUANTIZE", "DEQUANTIZE", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SPL
          "STRIDED_SLICE", "PAD", "GATHER", "SQUEEZE", "EXPAND_DIMS", "PACK", "UNPACK")
 
 
+#: each op's builtin options table and its fields: TFLite's name → (the program's option key, default)
+_OPTIONS: dict[str, tuple[str, dict[str, tuple[str, object]]]] = {
+    "FULLY_CONNECTED": ("FullyConnectedOptions", {"keepNumDims": ("keep_num_dims", False)}),
+    "BATCH_MATMUL": ("BatchMatMulOptions", {"adjX": ("adj_x", False), "adjY": ("adj_y", False)}),
+    "CONV_2D": ("Conv2DOptions", {"strideH": ("stride_h", 1), "strideW": ("stride_w", 1)}),
+    "DEPTHWISE_CONV_2D": ("DepthwiseConv2DOptions", {"strideH": ("stride_h", 1), "strideW": ("stride_w", 1),
+                                                     "depthMultiplier": ("depth_multiplier", 1)}),
+    "RESHAPE": ("ReshapeOptions", {"newShape": ("new_shape", None)}),
+    "CONCATENATION": ("ConcatenationOptions", {"axis": ("axis", 0)}),
+    "SPLIT": ("SplitOptions", {"numSplits": ("num_splits", 1)}),
+    "SPLIT_V": ("SplitVOptions", {"numSplits": ("num_splits", 1)}),
+    "MEAN": ("ReducerOptions", {"keepDims": ("keep_dims", True)}),
+    "SOFTMAX": ("SoftmaxOptions", {"beta": ("beta", 1.0)}),
+    "GELU": ("GeluOptions", {"approximate": ("approximate", False)}),
+    **{op: (table, {}) for op, table in (("ADD", "AddOptions"), ("SUB", "SubOptions"), ("MUL", "MulOptions"),
+                                         ("DIV", "DivOptions"), ("TRANSPOSE", "TransposeOptions"),
+                                         ("SLICE", "SliceOptions"), ("PAD", "PadOptions"),
+                                         ("HARD_SWISH", "HardSwishOptions"))},
+}
+
+
 def _options(s, op: str, o: dict):
-    """The builtin options type and table of one op."""
-    B = s.BuiltinOptions
-    if op == "FULLY_CONNECTED":
-        t = s.FullyConnectedOptionsT()
-        t.keepNumDims = bool(o.get("keep_num_dims", False))
-        return B.FullyConnectedOptions, t
-    if op == "BATCH_MATMUL":
-        t = s.BatchMatMulOptionsT()
-        t.adjX, t.adjY = bool(o.get("adj_x")), bool(o.get("adj_y"))
-        return B.BatchMatMulOptions, t
-    if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        t = s.Conv2DOptionsT() if op == "CONV_2D" else s.DepthwiseConv2DOptionsT()
-        t.padding = s.Padding.VALID if o.get("padding", "VALID") == "VALID" else s.Padding.SAME
-        t.strideH, t.strideW, t.dilationHFactor, t.dilationWFactor = o["stride_h"], o["stride_w"], 1, 1
-        if op == "DEPTHWISE_CONV_2D":
-            t.depthMultiplier = o.get("depth_multiplier", 1)
-            return B.DepthwiseConv2DOptions, t
-        return B.Conv2DOptions, t
-    if op == "RESHAPE":
-        t = s.ReshapeOptionsT()
-        t.newShape = list(o["new_shape"])
-        return B.ReshapeOptions, t
-    if op == "CONCATENATION":
-        t = s.ConcatenationOptionsT()
-        t.axis = o["axis"]
-        return B.ConcatenationOptions, t
-    if op in ("SPLIT", "SPLIT_V"):
-        t = s.SplitOptionsT() if op == "SPLIT" else s.SplitVOptionsT()
-        t.numSplits = o["num_splits"]
-        return (B.SplitOptions if op == "SPLIT" else B.SplitVOptions), t
-    if op == "MEAN":
-        t = s.ReducerOptionsT()
-        t.keepDims = bool(o.get("keep_dims", True))
-        return B.ReducerOptions, t
-    if op == "SOFTMAX":
-        t = s.SoftmaxOptionsT()
-        t.beta = float(o.get("beta", 1.0))
-        return B.SoftmaxOptions, t
-    if op == "GELU":
-        t = s.GeluOptionsT()
-        t.approximate = bool(o.get("approximate", False))
-        return B.GeluOptions, t
-    plain = {"ADD": "AddOptions", "SUB": "SubOptions", "MUL": "MulOptions", "DIV": "DivOptions",
-             "TRANSPOSE": "TransposeOptions", "SLICE": "SliceOptions", "PAD": "PadOptions",
-             "HARD_SWISH": "HardSwishOptions"}
-    if op in plain:
-        return getattr(B, plain[op]), getattr(s, plain[op] + "T")()
-    return B.NONE, None
+    """The builtin options type and table of one op (``NONE`` for ops without options: RSQRT, TANH, ...)."""
+    if op not in _OPTIONS:
+        return s.BuiltinOptions.NONE, None
+    table, fields = _OPTIONS[op]
+    t = getattr(s, table + "T")()
+    for name, (key, default) in fields.items():
+        value = o.get(key, default)
+        setattr(t, name, list(value) if isinstance(value, (list, tuple)) else value)
+    if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):  # the lowering pads explicitly: VALID, undilated
+        t.padding, t.dilationHFactor, t.dilationWFactor = s.Padding.VALID, 1, 1
+    return getattr(s.BuiltinOptions, table), t
 
 
 def write_float(program_json: str, program_npz: str, path: str) -> None:
