@@ -194,3 +194,24 @@ def test_auto_falls_back_to_executorch_naming_the_op_an_explicit_tflite_refuses(
     req, why = CompileEthosUStage._request(ctx, tmp_path, feeds)
     assert req.route == "executorch" and req.program.is_file() and req.program.suffix == ".pt2"
     assert why.startswith("route executorch") and "Resize" in why and "falls back" in why
+
+
+def test_reductions_reach_vela_with_a_unit_axis(tmp_path):
+    """Vela reduces over depth only when one of h, w, c is 1: MobileViT's LayerNorm over [4, 16, 64] patches
+    and an NCHW global pool went to the CPU. Both are lowered as means over the last axis of [1, rows, n]."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 16, 8])
+    p = onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [1, 4, 1, 1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 16, 8])
+    nodes = [onnx.helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], name="ln", axis=-1),
+             onnx.helper.make_node("Reshape", ["y", "s"], ["img"], name="img"),
+             onnx.helper.make_node("GlobalAveragePool", ["img"], ["p"], name="pool")]
+    inits = [onnx.numpy_helper.from_array(np.ones(8, np.float32), "g"),
+             onnx.numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             onnx.numpy_helper.from_array(np.array([1, 4, 16, 8], np.int64), "s")]
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x], [y, p], initializer=inits),
+                                   opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "r.onnx")
+    program = lower_onnx(tmp_path / "r.onnx")
+    means = [program.shapes[o["inputs"][0]] for o in program.ops if o["op"] == "MEAN"]
+    assert means == [[1, 64, 8], [1, 64, 8], [1, 4, 128]]
+    assert program.shapes["y"] == [4, 16, 8] and program.shapes["p"] == [1, 4, 1, 1]

@@ -537,14 +537,28 @@ class _Lowering:
         axes = at.get("axes")
         if axes is None and len(n.input) > 1:
             axes = [int(a) for a in self.const_of(n.input[1])]
-        rank = len(self.shapes_of(n.input[0]))
-        axes = [a % rank for a in (axes if axes is not None else range(rank))]
+        shape = self.shapes_of(n.input[0])
+        rank = len(shape)
+        axes = sorted(a % rank for a in (axes if axes is not None else range(rank)))
+        if axes == list(range(rank - len(axes), rank)):
+            self._mean_last(n, self.name(n.input[0]), shape, len(axes), self.out(n.output[0]))
+            return
         self.p.op("MEAN", [self.name(n.input[0]), self.p.const(axes, n.name + "_axes", np.int32)],
                   [self.out(n.output[0])], n.name, keep_dims=bool(at.get("keepdims", 1)))
 
     def _GlobalAveragePool(self, n):
-        self.p.op("MEAN", [self.name(n.input[0]), self.p.const([2, 3], n.name + "_axes", np.int32)],
-                  [self.out(n.output[0])], n.name, keep_dims=True)
+        self._mean_last(n, self.name(n.input[0]), self.shapes_of(n.input[0]), 2, self.out(n.output[0]))
+
+    def _mean_last(self, n, x: str, shape: list[int], k: int, y: str) -> None:
+        """The mean over the last ``k`` axes as a MEAN over the last axis of ``[1, rest, reduced]``: Vela reduces
+        over depth only when one of h, w, c is 1 (a MobileViT's LayerNorm over ``[1, 4, 16, 64]`` and its
+        global pool over an NCHW ``[1, 320, 2, 2]`` went to the CPU)."""
+        flat = [1, int(np.prod(shape[:-k])), int(np.prod(shape[-k:]))]
+        t, m = self.p.temp(n.name + "_flat", flat), self.p.temp(n.name + "_mean", flat[:2] + [1])
+        self.p.op("RESHAPE", [x, self.p.const(flat, n.name + "_shape", np.int32)], [t], n.name, new_shape=flat)
+        self.p.op("MEAN", [t, self.p.const([2], n.name + "_axes", np.int32)], [m], n.name, keep_dims=True)
+        out = self.p.shapes[y]
+        self.p.op("RESHAPE", [m, self.p.const(out, n.name + "_shape", np.int32)], [y], n.name, new_shape=out)
 
     def _LayerNormalization(self, n):
         """MEAN, SUB, MUL, MEAN, ADD ε, RSQRT, MUL (then γ, β unless 1 and 0): TFLite has no LayerNorm op."""
@@ -553,6 +567,14 @@ class _Lowering:
         if at.get("axis", -1) % len(shape) != len(shape) - 1:
             raise BadInput(f"the tflite route lowers LayerNormalization over the last axis only (node '{n.name}')")
         x = self.name(n.input[0])
+        y = self.out(n.output[0])
+        flat = [1, int(np.prod(shape[:-1])), shape[-1]]
+        if shape != flat:  # Vela reduces over depth only when one of h, w, c is 1: normalise [1, tokens, C]
+            t = self.p.temp(n.name + "_tokens", flat)
+            self.p.op("RESHAPE", [x, self.p.const(flat, n.name + "_shape", np.int32)], [t], n.name, new_shape=flat)
+            x, shape, final, y = t, flat, y, self.p.temp(n.name + "_normed", flat)
+        else:
+            final = None
         red = shape[:-1] + [1]
         axes = self.p.const([len(shape) - 1], n.name + "_axes", np.int32)
         mean, d, sq, var, ve, r = (self.p.temp(n.name + s, sh) for s, sh in
@@ -571,13 +593,15 @@ class _Lowering:
             steps.append(("MUL", self.name(n.input[1])))
         if beta is not None and np.any(beta != 0):
             steps.append(("ADD", self.name(n.input[2])))
-        y = self.out(n.output[0])
         cur = self.p.temp(n.name + "_norm", shape) if steps else y
         self.p.op("MUL", [d, r], [cur], n.name)
         for i, (op, c) in enumerate(steps):
             nxt = y if i == len(steps) - 1 else self.p.temp(n.name + "_affine", shape)
             self.p.op(op, [cur, c], [nxt], n.name)
             cur = nxt
+        if final is not None:
+            out = self.p.shapes[final]
+            self.p.op("RESHAPE", [y, self.p.const(out, n.name + "_shape", np.int32)], [final], n.name, new_shape=out)
 
     def _Where(self, n):
         """``where(const mask, x, fill)`` → ``x + bias`` (bias 0 where kept, the calibrated fill elsewhere)."""
