@@ -75,12 +75,10 @@ class Program:
     def save(self, folder: Path) -> tuple[Path, Path]:
         """``program.json`` + ``program.npz`` in ``folder``."""
         folder.mkdir(parents=True, exist_ok=True)
+        keys = {k: f"c{i}" for i, k in enumerate(self.consts)}  # npz keys: tensor names hold "/" and ":"
+        np.savez(folder / PROGRAM_NPZ, **{keys[k]: v for k, v in self.consts.items()})
         body = {"inputs": self.inputs, "outputs": self.outputs, "shapes": self.shapes, "ops": self.ops,
-                "consts": {k: str(v.dtype) for k, v in self.consts.items()}}
-        (folder / PROGRAM_JSON).write_text(json.dumps(body))
-        np.savez(folder / PROGRAM_NPZ, **{f"c{i}": v for i, v in enumerate(self.consts.values())})
-        keys = {k: f"c{i}" for i, k in enumerate(self.consts)}
-        body["const_keys"] = keys
+                "const_keys": keys}
         (folder / PROGRAM_JSON).write_text(json.dumps(body))
         return folder / PROGRAM_JSON, folder / PROGRAM_NPZ
 
