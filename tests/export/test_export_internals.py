@@ -149,3 +149,54 @@ def test_rewrites_count_calls_and_keep_results():
     assert dict(mode.counts) == {"layernorm_decomposed": 1, "attention_explicit": 1, "einsum_as_matmul": 1}
     for w, g_ in zip(want, got):
         torch.testing.assert_close(g_, w, rtol=1e-5, atol=1e-5)
+
+
+def _padding_masked_scores(compare: str, mask_first: bool) -> onnx.ModelProto:
+    """Softmax(Where(compare(Where(keep, 0, -inf), -1e4), x @ w, -inf)): an additive padding mask built
+    from an integer ``attention_mask`` and turned back into a condition (all-mpnet-base-v2's form)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "fill"),
+             numpy_helper.from_array(np.array(-1e4, np.float32), "t"),
+             numpy_helper.from_array(np.array([1, 1, 8], np.int64), "shape")]
+    nodes = [helper.make_node("Cast", ["mask"], ["keep0"], to=TensorProto.BOOL),
+             helper.make_node("Reshape", ["keep0", "shape"], ["keep"]),
+             helper.make_node("Where", ["keep", "zero", "fill"], ["additive"]),
+             helper.make_node(compare, ["additive", "t"] if mask_first else ["t", "additive"], ["cond"]),
+             helper.make_node("MatMul", ["x", "w"], ["s"]),
+             helper.make_node("Where", ["cond", "s", "fill"] if compare == "Greater" and mask_first or
+                              compare == "Less" and not mask_first else ["cond", "fill", "s"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["output"], axis=-1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8]),
+                                       helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 8])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 8])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("compare,mask_first", [("Greater", True), ("Less", True), ("Less", False), ("Greater", False)])
+def test_simplify_reads_a_padding_masks_condition_instead_of_comparing_its_additive_form(tmp_path, compare, mask_first):
+    """The float compare goes, every reader takes the boolean (or its Not), the outputs stay bit-equal, and
+    the integer prefix the NPU routes cut off now ends in that boolean: no float compare left for the NPU."""
+    import onnxruntime as ort
+
+    from vitexport.graph.split import split_integer_prefix
+
+    onnx.save(_padding_masked_scores(compare, mask_first), str(tmp_path / "raw.onnx"))
+    rep = simplify_onnx(tmp_path / "raw.onnx", tmp_path / "fp32.onnx", load_target("cpu"))
+    graph = onnx.load(str(tmp_path / "fp32.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert compare not in ops and ops.count("Where") == 1, ops
+    assert any("comparison(s) of a Where(mask, a, b)" in n for n in rep.notes)
+    rng = np.random.default_rng(1)
+    for keep in ([1] * 8, [1] * 5 + [0] * 3, [1, 0] * 4):
+        feed = {"x": rng.standard_normal((1, 4, 8)).astype(np.float32), "mask": np.array([keep], np.int64)}
+        before, after = (ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+                         for f in ("raw.onnx", "fp32.onnx"))
+        np.testing.assert_array_equal(before, after)
+    prefix = split_integer_prefix(tmp_path / "fp32.onnx", tmp_path / "npu.onnx", tmp_path / "host.onnx")
+    npu_inputs = {v.name: v.type.tensor_type.elem_type for v in onnx.load(str(tmp_path / "npu.onnx")).graph.input}
+    assert prefix is not None and compare not in prefix.ops
+    assert [t for name, t in npu_inputs.items() if name != "x"] == [TensorProto.BOOL], npu_inputs

@@ -116,6 +116,63 @@ def _fold_constant_where(model: ir.Model) -> int:
     return folded
 
 
+#: comparisons :func:`_fold_compare_of_select` folds, as numpy reads them
+_COMPARES = {"Greater": np.greater, "Less": np.less, "GreaterOrEqual": np.greater_equal,
+             "LessOrEqual": np.less_equal, "Equal": np.equal}
+
+
+def _uniform(value: ir.Value | None) -> np.ndarray | None:
+    """A constant whose elements are all one value, as a 0-d array, else None."""
+    a = const_array(value)
+    if a is None or a.size == 0 or not (a == a.flat[0]).all():
+        return None
+    return a.reshape(-1)[:1].reshape(())
+
+
+def _fold_compare_of_select(model: ir.Model) -> int:
+    """Replace a comparison of ``Where(c, a, b)`` with a constant, ``a``/``b``/the constant each one
+    value, by ``c`` itself (or ``Not(c)``) when the comparison tells ``a`` from ``b``.
+
+    An additive padding mask built from ``attention_mask`` (``Where(keep, 0, -inf)``) that
+    ``mask_to_where`` turns back into a condition arrives as ``Greater(Where(keep, 0, -inf), t)``: a
+    float compare that the integer prefix (``vitexport.graph.split``) cannot take and rknn-toolkit2 runs
+    on its CPU (all-mpnet-base-v2: one ``Greater`` feeding every layer's mask). Folded, every layer reads
+    the boolean ``keep`` directly. Exact. Returns how many were folded."""
+    folded = 0
+    for node in list(model.graph):
+        compare = _COMPARES.get(node.op_type)
+        out = node.outputs[0] if node.outputs else None
+        if compare is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2 or out is None \
+                or out.is_graph_output():
+            continue
+        for side in (0, 1):
+            select, bound = node.inputs[side], _uniform(node.inputs[1 - side])
+            where = select.producer() if select is not None else None
+            if bound is None or where is None or where.op_type != "Where" or where.domain not in ("", "ai.onnx"):
+                continue
+            cond, a, b = where.inputs[0], _uniform(where.inputs[1]), _uniform(where.inputs[2])
+            if a is None or b is None or static_shape(cond) is None or static_shape(cond) != static_shape(out):
+                continue
+            ra, rb = (bool(compare(a, bound)), bool(compare(b, bound))) if side == 0 else \
+                     (bool(compare(bound, a)), bool(compare(bound, b)))
+            if ra == rb:  # the comparison is a constant: onnxsim's to fold, not this pass's
+                continue
+            if ra:
+                replacement = cond
+            else:
+                inverse = ir.node("Not", [cond], name=f"{node.name}_not")
+                model.graph.insert_before(node, inverse)
+                replacement = inverse.outputs[0]
+                replacement.shape, replacement.type = cond.shape, cond.type
+            out.replace_all_uses_with(replacement)
+            model.graph.remove(node, safe=True)
+            if not where.outputs[0].uses() and not where.outputs[0].is_graph_output():
+                model.graph.remove(where, safe=True)  # the float mask had no other reader
+            folded += 1
+            break
+    return folded
+
+
 def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
     # onnxsim records its options and the names of every removed node: run-specific noise in an
     # artifact a compiler reads; the report keeps the counts.
@@ -175,6 +232,8 @@ def simplify_onnx(
         notes.append(f"{lifted} folded weight(s) onnxsim wrote as Constant nodes made initializers (the quantizer's weights)")
     if wheres := _fold_constant_where(simplified):
         notes.append(f"{wheres} Where node(s) with a constant all-true/all-false condition replaced by their branch")
+    if compares := _fold_compare_of_select(simplified):
+        notes.append(f"{compares} comparison(s) of a Where(mask, a, b) with a constant replaced by the mask itself")
     lowered = lower_to_allowed_ops(simplified, recipe.contract.allowed_ops)
     if lowered:
         notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
