@@ -12,8 +12,9 @@ from rknn_models import DIM, TOKENS, qdq_linear
 from vitexport.graph.files import save_model
 from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.client import RknnRequest, rknn_missing, run_rknn
-from vitexport.targets.rknn.outliers import ScaledLinearOutputs, channel_ranges, channel_scales
+from vitexport.targets.rknn.outliers import ScaledLinearOutputs, channel_scales
 from vitexport.targets.rknn.qdq import LinearsAsConv, linear_sites
+from vitexport.targets.rknn.ranges import measure_layout_ranges
 from vitexport.targets.rknn.routes import qdq_layout
 
 OUTLIER, FACTOR = 5, 60.0
@@ -44,7 +45,7 @@ def _run(model: ir.Model, feeds) -> np.ndarray:
 def _layout(scaled: bool) -> ir.Model:
     model = _outlier_linear()
     name = linear_sites(model)[0].output.name
-    per_channel = channel_ranges(model, _feeds(), [name])
+    per_channel = measure_layout_ranges(model, _feeds(), [name], np.dtype(np.uint8)).per_channel
     ranges = {name: (float(per_channel[name][0].min()), float(per_channel[name][1].max()))}
     if scaled:
         assert ScaledLinearOutputs(per_channel, ranges)(model).report.changed == 1

@@ -15,18 +15,17 @@ written in ops RKNN runs.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, MutableMapping, Sequence
+from typing import Mapping, MutableMapping
 
 import numpy as np
 import onnx_ir as ir
 
 from ...graph.passes import GraphPass, GraphPassReport
 from ...graph.query import const_array
-from ...runners.sessions import Session, SessionConfig
 from .graph import append_after, new_initializer
 from .qdq import LinearSite, linear_sites
 
-__all__ = ["channel_ranges", "channel_scales", "ScaledLinearOutputs", "SPREAD"]
+__all__ = ["channel_scales", "ScaledLinearOutputs", "SPREAD"]
 
 #: a channel whose largest magnitude exceeds SPREAD × the median channel's is scaled down to that bound.
 #: Measured on all-MiniLM-L6-v2 (laid-out file in ONNX Runtime, worst / mean cosine over 16 parity samples;
@@ -34,24 +33,6 @@ __all__ = ["channel_ranges", "channel_scales", "ScaledLinearOutputs", "SPREAD"]
 #: 2: 0.9934 / 0.9966, 1: 0.9945 / 0.9969; every channel equalised to the median (small ones scaled up
 #: too) 0.9943 / 0.9971, no better
 SPREAD = 1.0
-
-
-def channel_ranges(model: ir.Model, feeds: Iterable[Mapping[str, np.ndarray]],
-                   names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per-channel (last axis) min and max of ``names`` over ``feeds``, computed by ONNX Runtime on ``model``."""
-    if not names:
-        return {}
-    known = [o.name for o in model.graph.outputs]
-    sess = Session(model, SessionConfig(), outputs=known + [n for n in names if n not in known])
-    lo: dict[str, np.ndarray] = {}
-    hi: dict[str, np.ndarray] = {}
-    for feed in feeds:
-        for n, arr in zip(names, sess.run(list(names), dict(feed))):
-            flat = np.asarray(arr, np.float32).reshape(-1, arr.shape[-1])
-            a, b = flat.min(0), flat.max(0)
-            lo[n] = np.minimum(lo[n], a) if n in lo else a
-            hi[n] = np.maximum(hi[n], b) if n in hi else b
-    return {n: (lo[n], hi[n]) for n in names if n in lo}
 
 
 def channel_scales(lo: np.ndarray, hi: np.ndarray, spread: float = SPREAD) -> np.ndarray | None:

@@ -7,7 +7,9 @@
 - ``qdq``: vitexport's Q/DQ file in the layout RKNN runs as INT8 (:mod:`.qdq`): Linears as
   Q/DQ'd 1x1 Convs (outlier output channels scaled into the output range, :mod:`.outliers`),
   patch convs split to ≤ 4x4 and convs of stride > 7 split, Q·Kᵀ scores Q/DQ'd before their scale,
-  every quantized Conv's output Q/DQ'd (after a Relu/Clip it fuses); the float forms of the ``rknn``
+  every quantized Conv's output Q/DQ'd (after a Relu/Clip it fuses), the pairs' ranges measured on calibration
+  samples (:mod:`.ranges`: a SiLU's or GELU's input keeps its levels for the side the activation passes); the float
+  forms of the ``rknn``
   route too (full-shape masks, 4-D Transposes, padded AveragePools that count their padding).
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from .client import RknnQuantization
 from .graph import (
     CollapseTransposes, FullShapeMasks, HalvedGelus, Hazard, PaddedAvgPools, activation_zp_dtype, patch_convs, rknn_hazards, strided_convs,
 )
-from .outliers import ScaledLinearOutputs, channel_ranges
+from .outliers import ScaledLinearOutputs
+from .ranges import measure_layout_ranges
 from .qdq import (
     BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, CpuQuantizesInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
     conv_outputs_to_measure, linear_sites, score_matmuls,
@@ -74,16 +77,17 @@ def qdq_layout(model: ir.Model, feeds: Sequence[Mapping[str, np.ndarray]] | None
     linears = [s.output.name for s in linear_sites(model)]
     names = linears + [c.outputs[0].name for c in patch_convs(model) + strided_convs(model)] + scores
     names = list(dict.fromkeys(names + conv_outputs_to_measure(model)))
-    # one pass over the calibration feeds: last-axis ranges, whose extremes are the tensors' ranges; a
-    # Linear's outlier output channels are scaled into its output Q/DQ's range (ScaledLinearOutputs)
-    per_channel = channel_ranges(model, feeds, names) if feeds is not None else {}
-    ranges = ({k: (float(lo.min()), float(hi.max())) for k, (lo, hi) in per_channel.items()} if feeds is not None
-              else {n: (-1.0, 1.0) for n in names})
-    per_channel = {k: per_channel[k] for k in linears if k in per_channel}
+    # one pass over the calibration feeds: last-axis ranges, whose extremes are the tensors' ranges (the low end
+    # cut where an activation reading the tensor flattens it, .ranges); a Linear's outlier output channels are
+    # scaled into its output Q/DQ's range (ScaledLinearOutputs)
     zp = activation_zp_dtype(model)
+    measured = measure_layout_ranges(model, feeds, names, zp) if feeds is not None else None
+    ranges = measured.ranges if measured is not None else {n: (-1.0, 1.0) for n in names}
+    per_channel = {k: measured.per_channel[k] for k in linears if k in measured.per_channel} if measured else {}
     later = _apply(model, [ScaledLinearOutputs(per_channel, ranges), PatchConvsInInt8(ranges), ConvOutputsQdq(ranges, zp),
                            ConvsInFloat(), LinearsAsConv(ranges), OutputQdq({k: ranges[k] for k in scores}, zp)])
     later["skipped"].update(report["skipped"])
+    later["rknn_activation_low_ends"] = len(measured.cut) if measured is not None else 0
     model.metadata_props[LAYOUT_KEY] = "qdq"  # a laid-out file is not laid out twice (layout_hazards)
     return {**report, **later}
 
