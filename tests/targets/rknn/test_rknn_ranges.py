@@ -60,6 +60,9 @@ def test_flattened_low_cuts_what_a_silu_flattens_and_nothing_of_a_linear_functio
     assert err[1] < 0.7 * err[0]
     assert flattened_low(x, x * 0.5, lo, hi, UINT8) == lo  # a linear function: every level counts
     assert flattened_low(np.abs(x), _silu(np.abs(x)), 0.0, hi, UINT8) == 0.0  # nothing below zero to cut
+    # symmetric int8 (zero point 0): the scale follows the larger side, so a cut pays only while -lo > hi
+    sym = flattened_low(x, _silu(x), lo, hi, np.dtype(np.int8))
+    assert 0.8 * hi <= -sym <= 1.05 * hi  # near -hi: cutting further clips without a finer scale
 
 
 def test_layout_cuts_the_low_end_of_a_conv_output_its_silu_flattens():
