@@ -32,8 +32,6 @@ HYBRIDS = ("timm_fastvit", "timm_mobilevit_xxs", "timm_mobilevitv2", "timm_effic
 TARGETS = ("rk3588", "openvino")
 #: (case, target) → (exit, what its error line says) where it is not exit 0 or an INT8 miss
 VERDICTS: dict[tuple[str, str], tuple[int, str]] = {
-    # rknn-toolkit2 2.5.0 crashes compiling EdgeNeXt's INT8 graph: exit 2 naming the crash and its log
-    ("timm_edgenext", "rk3588"): (2, "rknn-toolkit2 crashed (SIGILL) in stage build"),
     # where its INT8 passes the gate, RKNN 2.5.0 segfaults compiling NextViT's (else an INT8 miss, MISSES)
     ("timm_nextvit", "rk3588"): (2, "rknn-toolkit2 crashed (SIGSEGV) in stage build"),
 }

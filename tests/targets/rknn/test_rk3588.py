@@ -15,6 +15,7 @@ import torch
 
 from cli_helpers import run_cli
 from vitexport.calibration.data import NpzSamples
+from vitexport.errors import BadInput
 from vitexport.pipeline import run_pipeline
 from vitexport.progress import Heartbeat
 from vitexport.sources.base import LoadedModel, OutputAdapter
@@ -95,3 +96,50 @@ def test_a_model_whose_weights_sit_in_a_data_file_compiles_and_is_gated(rknn, tm
     assert arts.passed and "build_engine" in {s.stage for s in arts.parity.stages}
     assert (out / "model.int8.onnx.data").is_file() and (out / "model.rknn.onnx.data").is_file()
     assert not list(out.glob(".rknn-*"))  # the compile's scratch folder is gone
+
+
+class _SplitChain(torch.nn.Module):
+    """EdgeNeXt's SDTA channel split at a tiny size: a stride-4 stem, a stride-2 downsampling conv to 88
+    channels, then 30 + 30 + 28 channels where each split's depthwise conv output joins the final Concat and
+    is added to the next split's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 48, 4, stride=4)
+        self.down = torch.nn.Conv2d(48, 88, 2, stride=2)
+        self.convs = torch.nn.ModuleList([torch.nn.Conv2d(30, 30, 3, padding=1, groups=30) for _ in range(2)])
+        self.head = torch.nn.Linear(88, 10)
+
+    def forward(self, x):
+        x = self.down(self.stem(x))
+        parts = torch.split(x, [30, 30, 28], dim=1)
+        outs, sp = [], None
+        for i, conv in enumerate(self.convs):
+            sp = conv(parts[i] if i == 0 else sp + parts[i])
+            outs.append(sp)
+        return self.head((torch.cat([*outs, parts[2]], dim=1) + x).mean((2, 3)))
+
+
+@pytest.mark.slow
+def test_a_channel_split_chain_compiles_with_its_first_conv_in_float16_and_crashes_rknn_without(rknn, tmp_path,
+                                                                                               monkeypatch):
+    """RKNN 2.5.0 crashes (SIGILL in OpEmit) on EdgeNeXt's channel-split chain with the conv whose output feeds
+    both the Concat and the next split's Add in INT8: the layout leaves that conv in float16, names why, and the
+    export passes every stage; without the rule the same model is the crash (exit 2), so the rule is still needed."""
+    torch.manual_seed(0)
+    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
+    model = LoadedModel(_SplitChain().eval(), {"x": torch.from_numpy(images[:1])}, "split_chain", "python", "split_chain")
+    calib, parity = NpzSamples({"x": images[:32]}), NpzSamples({"x": images[32:]})
+    target = load_target("rk3588", ["quantization.measure_latency=false", "target_options.calibration_samples=8"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arts = run_pipeline(model, target, tmp_path / "out", calib=calib, parity_data=parity)
+        assert arts.passed
+        runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
+        assert runtime["on_cpu"] == [] and runtime["int8_share"] >= 0.95, runtime["macs_by_dtype"]
+        notes = " ".join(s for st in arts.parity.stages if st.stage == "build_engine" for s in st.notes)
+        assert "convs.0/Conv" in notes and "read by both a Concat and an Add" in notes
+        assert "convs.1/Conv" not in notes  # the last link feeds the Concat alone: INT8
+        monkeypatch.setattr("vitexport.targets.rknn.qdq.split_chain", lambda conv: False)
+        with pytest.raises(BadInput, match=r"crashed \(SIGILL\)"):
+            run_pipeline(model, target, tmp_path / "without", calib=calib, parity_data=parity)

@@ -533,6 +533,16 @@ def feeds_softmax(conv: ir.Node) -> bool:
     return any(u.op_type == "Softmax" for u, _ in conv_output(conv).uses())
 
 
+def split_chain(conv: ir.Node) -> bool:
+    """The Conv's output (:func:`conv_output`) is read both by a ``Concat`` and by an ``Add``: a link of a
+    Res2Net-style channel-split chain (EdgeNeXt's SDTA block: each split's conv output joins the final
+    ``Concat`` and is added to the next split's input). RKNN 2.5.0 crashes compiling it with the conv in
+    INT8 ("The dimensionSize of Tensor is 0", then SIGILL in ``OpEmit``), and compiles it with the conv in
+    float16 (a depthwise conv on a slice of the channels: a small share of the multiply-accumulates)."""
+    readers = {u.op_type for u, _ in conv_output(conv).uses()}
+    return {"Concat", "Add"} <= readers
+
+
 def float_conv_rule(conv: ir.Node) -> str | None:
     """Why RKNN 2.5.0 must run ``conv`` in float16 whatever its Q/DQ says, or None."""
     if pooled_shortcut(conv):
@@ -541,6 +551,9 @@ def float_conv_rule(conv: ir.Node) -> str | None:
     if feeds_softmax(conv):
         return ("its output feeds a Softmax directly, and a Q/DQ right before a Softmax crashes RKNN 2.5.0's "
                 "softmax fusion (SIGSEGV, rule rknn.softmax_qdq)")
+    if split_chain(conv):
+        return ("its output is read by both a Concat and an Add (a channel-split chain, EdgeNeXt's SDTA), which RKNN "
+                "2.5.0 crashes on with the conv in INT8 (SIGILL in OpEmit)")
     return None
 
 
