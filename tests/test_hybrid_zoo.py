@@ -31,13 +31,11 @@ HYBRIDS = ("timm_fastvit", "timm_mobilevit_xxs", "timm_mobilevitv2", "timm_effic
            "timm_coat_lite", "timm_pit", "timm_nextvit", "hf_mobilevit", "hf_segformer", "hf_dpt")
 TARGETS = ("rk3588", "openvino")
 #: (case, target) → (exit, what its error line says) where it is not exit 0 or an INT8 miss
-VERDICTS: dict[tuple[str, str], tuple[int, str]] = {
-    # where its INT8 passes the gate, RKNN 2.5.0 segfaults compiling NextViT's (else an INT8 miss, MISSES)
-    ("timm_nextvit", "rk3588"): (2, "rknn-toolkit2 crashed (SIGSEGV) in stage build"),
-}
+VERDICTS: dict[tuple[str, str], tuple[int, str]] = {}
 #: INT8 misses of zoo_init's random weights beyond orin's (INT8_MISS): (case, target) → why
 MISSES: dict[tuple[str, str], str] = {
-    ("timm_nextvit", "rk3588"): "INT8 cosine 0.978, just under the 0.98 gate (orin: 0.98 and up)",
+    ("timm_nextvit", "rk3588"): "INT8 cosine 0.978, just under the 0.98 gate (orin: 0.98 and up); where it passes, the "
+                                "simulator's 0.947 (RKNN compiles it since its grouped convs' biases are int32)",
     ("timm_nextvit", "openvino"): "INT8 cosine 0.968-0.970, just under the 0.98 gate (orin: 0.98 and up)",
     ("timm_efficientformerv2", "rk3588"): "RKNN's INT8 on the gate's edge: cosine 0.978-0.984 at build_engine between runs",
 }

@@ -143,3 +143,23 @@ def test_a_channel_split_chain_compiles_with_its_first_conv_in_float16_and_crash
         monkeypatch.setattr("vitexport.targets.rknn.qdq.split_chain", lambda conv: False)
         with pytest.raises(BadInput, match=r"crashed \(SIGILL\)"):
             run_pipeline(model, target, tmp_path / "without", calib=calib, parity_data=parity)
+
+
+@pytest.mark.slow
+def test_nextvits_int8_graph_compiles_where_rknn_crashed_on_it(rknn, tmp_path):
+    """The zoo's NextViT, everything INT8 (the fallback off, as a model whose INT8 passes its gate gets it):
+    RKNN 2.5.0 aborted on its 12-group 3x3 convs' float biases and segfaulted on the smoothing Mul before its
+    E-MHSA's q/k/v (SIGABRT / SIGSEGV in OpEmit, exit 2). With the biases in int32 and the smoothing as a
+    depthwise 1x1 conv it compiles, runs every compute op on the NPU at ≥ 95 % INT8 and the simulator is gated: exit 0,
+    or exit 1 at the simulator's gate, never the crash."""
+    out = tmp_path / "out"
+    proc = run_cli("export", "--target", "rk3588", "--model", "python:tests/passes/zoo_entry.py:build_timm_nextvit",
+                   "--out", str(out), "--set", "quantization.measure_latency=false",
+                   "--set", "quantization.fallback.enabled=false", timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr[-1500:]
+    doc = json.loads((out / "parity.json").read_text())
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert stages["build_engine"]["passed"] and "simulate" in stages
+    assert proc.returncode == 0 or doc["failed_stage"] == "simulate"
+    checks = {c["metric"]: c["value"] for c in stages["build_engine"]["checks"]}
+    assert checks["cpu_compute_ops"] == 0 and checks["int8_share"] >= 0.95, checks

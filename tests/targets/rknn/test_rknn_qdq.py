@@ -16,7 +16,7 @@ from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
 from vitexport.targets.rknn.graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.targets.rknn.qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, CpuQuantizesInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
-    conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
+    channel_scale, conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
 )
 from vitexport.targets.rknn.routes import layout_hazards, qdq_layout
 
@@ -375,3 +375,69 @@ def test_a_gelu_without_its_half_gets_it_back_with_a_double_after():
     assert [u.name for u, _ in double.outputs[0].uses()] == ["mid"]
     np.testing.assert_allclose(_float_qdq_run(model, feed), before, rtol=1e-6, atol=1e-6)
     assert HalvedGelus()(model).report.changed == 0  # now a whole GELU
+
+
+def test_a_grouped_conv_gets_its_bias_as_int32_at_the_scale_onnx_runtime_uses_and_keeps_its_function():
+    """RKNN 2.5.0 aborts deriving its own bias scale for NextViT's 12-group 3x3 conv (clip_truncate < 0): a grouped
+    conv's float bias becomes an int32 DequantizeLinear at activation scale × weight scale; depthwise and dense
+    convs keep their float bias; the outputs stay those of the Q/DQ file within the bias's rounding."""
+    model = ir.serde.deserialize_model(qdq_convs())
+    x = {"x": np.random.RandomState(0).randn(1, 3, 16, 16).astype(np.float32)}
+    before = _run(model, x)
+    ConvOutputsQdq({"y": (0.0, 4.0)}, np.dtype(np.int8))(model)
+    convs = {n.name: n for n in model.graph if n.op_type == "Conv"}
+    bias_dq = convs["grouped"].inputs[2].producer()
+    assert bias_dq is not None and bias_dq.op_type == "DequantizeLinear"
+    q, scale = bias_dq.inputs[0].const_value.numpy(), bias_dq.inputs[1].const_value.numpy()
+    ws = next(n for n in model.graph if n.name == "grouped_w_DQ").inputs[1].const_value.numpy()
+    assert q.dtype == np.int32 and np.allclose(scale, np.float32(4.0 / 127) * ws)
+    assert all(convs[n].inputs[2].producer() is None for n in ("patch", "depthwise", "pointwise"))
+    after = _run(model, x)
+    assert np.abs(after - before).max() <= 4.0 / 127 + 1e-6  # at most one step of the output Q/DQ the pass added
+
+
+def _smoothed_rows_linear(rows: str = "Transpose") -> ir.Model:
+    """A conv stage's map turned into token rows by a Transpose, the smoothing Mul vitexport inserts, then a
+    Q/DQ'd Linear: NextViT's E-MHSA q/k/v input (``rows="Relu"``: rows an activation made, x already [1, T, D])."""
+    rs = np.random.RandomState(0)
+    w = (rs.randn(DIM, 8) * 0.2).astype(np.float32)
+    ws = np.abs(w).max(axis=0) / 127
+    inits = [nh.from_array(np.linspace(0.5, 2.0, DIM).astype(np.float32), "smooth"),
+             nh.from_array(np.array(4 / 127, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
+             nh.from_array(np.round(w / ws).astype(np.int8), "wq"), nh.from_array(ws.astype(np.float32), "ws"),
+             nh.from_array(np.zeros(8, np.int8), "wz"), nh.from_array((rs.randn(8) * 0.1).astype(np.float32), "b")]
+    to_rows = (helper.make_node("Transpose", ["x"], ["rows"], perm=[0, 2, 1], name="to_rows") if rows == "Transpose"
+               else helper.make_node(rows, ["x"], ["rows"], name="to_rows"))
+    nodes = [to_rows,
+             helper.make_node("Mul", ["rows", "smooth"], ["rows_smoothed"], name="rows_smooth_Mul"),
+             helper.make_node("QuantizeLinear", ["rows_smoothed", "s", "z"], ["xq"], name="x_Q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="x_DQ"),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1, name="w_DQ"),
+             helper.make_node("MatMul", ["xd", "w"], ["mm"], name="linear"),
+             helper.make_node("Add", ["mm", "b"], ["y"], name="bias")]
+    x_shape = [1, DIM, TOKENS] if rows == "Transpose" else [1, TOKENS, DIM]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, 8])], inits)
+    return ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def test_a_smoothing_mul_on_transposed_rows_becomes_a_depthwise_conv_on_the_linears_conv_view():
+    """RKNN 2.5.0 crashes on that Mul (SIGSEGV in OpEmit, NextViT): the Linear's conv view scales its channels
+    with a float 1x1 depthwise conv (zero bias) right before its input Q/DQ instead, the same function; a Mul
+    the rows were not made by a Transpose or Reshape for (a GELU's output) stays as it is."""
+    model = _smoothed_rows_linear()
+    assert channel_scale(model.graph.node("rows_smooth_Mul").outputs[0], DIM)[0].name == "rows"
+    feeds = [{"x": np.random.RandomState(i).randn(1, DIM, TOKENS).astype(np.float32)} for i in range(2)]
+    before = _run(model, feeds[0])
+    ranges = output_ranges(model, feeds, ["y"])
+    assert LinearsAsConv(ranges)(model).report.changed == 1
+    assert [n.op_type for n in model.graph].count("Mul") == 0
+    smooth = next(n for n in model.graph if n.op_type == "Conv" and n.attributes["group"].as_int() == DIM)
+    assert smooth.inputs[0].producer().op_type == "Transpose"
+    assert [u.op_type for u, _ in smooth.outputs[0].uses()] == ["QuantizeLinear"]
+    assert not smooth.inputs[2].const_value.numpy().any()
+    np.testing.assert_allclose(_run(model, feeds[0]), before, atol=2 * float(np.ptp(before)) / 255)
+    relu = _smoothed_rows_linear("Relu")
+    LinearsAsConv(output_ranges(relu, [{"x": f["x"].transpose(0, 2, 1)} for f in feeds], ["y"]))(relu)
+    assert channel_scale(relu.graph.node("rows_smooth_Mul").outputs[0], DIM) is None
+    assert [n.op_type for n in relu.graph].count("Mul") == 1  # left where it was

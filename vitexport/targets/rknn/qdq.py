@@ -25,7 +25,10 @@ file quantizes op inputs only, so each pass here adds what RKNN needs, keeping t
 - :class:`ConvOutputsQdq`: every other quantized Conv's output Q/DQ'd where RKNN wants it (below), a
   QuantizeLinear already reading it (the next op's input) shared with its other readers; a Conv without
   a bias gets a zero one and its own activation DQ where a Concat shares it (both measured on
-  EfficientViT's ``aggreg`` conv: ``Conv bias scale (…) is empty``, SIGABRT; then float16).
+  EfficientViT's ``aggreg`` conv: ``Conv bias scale (…) is empty``, SIGABRT; then float16), and a grouped
+  conv's float bias is written in int32 at the scale ONNX Runtime uses (NextViT: ``clip_truncate < 0``, SIGABRT).
+  A smoothing Mul on token rows a Transpose or Reshape made becomes a depthwise 1x1 conv on the channels of
+  :class:`LinearsAsConv`'s view (:func:`channel_scale`; the Mul crashes RKNN, SIGSEGV in OpEmit).
 - :class:`ConvsInFloat`: Q/DQ taken off any Conv still without its output Q/DQ (no range measured, an
   activation or a weight the quantizer left float, a stride no split fits).
 
@@ -240,9 +243,15 @@ class LinearsAsConv(GraphPass):
         xshape, oshape = static_shape(site.matmul.inputs[0]), static_shape(site.output)
         cin, t = xshape[-1], int(np.prod(xshape[:-1]))
         name = site.matmul.name or site.output.name
-        nodes = [ir.node("Reshape", [x, new_initializer(model, f"{name}_nc_shape", np.array([1, t, 1, cin], np.int64))],
+        scaled = channel_scale(x, cin)
+        nodes = [ir.node("Reshape", [scaled[0] if scaled else x, new_initializer(model, f"{name}_nc_shape", np.array([1, t, 1, cin], np.int64))],
                          name=f"{name}_nc_Reshape")]
         nodes.append(ir.node("Transpose", [nodes[-1].outputs[0]], attributes={"perm": [0, 3, 2, 1]}, name=f"{name}_nc_Transpose"))
+        if scaled:  # the smoothing as a depthwise 1x1 Conv on the [1, Cin, 1, T] view, right before its Q/DQ (a zero bias:
+            # without one RKNN aborts, "Conv bias scale ... is empty", as on _zero_bias's convs)
+            s = new_initializer(model, f"{name}_nc_smooth", scaled[1].reshape(cin, 1, 1, 1))
+            b = new_initializer(model, f"{name}_nc_smooth_bias", np.zeros(cin, np.float32))
+            nodes.append(ir.node("Conv", [nodes[-1].outputs[0], s, b], attributes={"group": cin, "kernel_shape": [1, 1]}, name=f"{name}_nc_smooth_Conv"))
         nodes += _qdq(nodes[-1].outputs[0], xs, xz, f"{name}_nc_in")
         wq, ws, wz = (const_array(v) for v in site.w_dq.inputs[:3])
         w_dq = _per_channel(model, (wq if site.weight_out_in else wq.T)[:, :, None, None], ws, wz, f"{name}_conv")
@@ -260,6 +269,26 @@ class LinearsAsConv(GraphPass):
         new_out.shape, new_out.dtype = ir.Shape(oshape), ir.DataType.FLOAT
         model.graph.insert_after(site.bias_add or site.matmul, nodes)
         _replace(site.output, new_out)
+
+
+def channel_scale(x: ir.Value, cin: int) -> tuple[ir.Value, np.ndarray] | None:
+    """(its input, the float32 vector) when ``x`` is a Mul by a constant over its last axis (``cin`` values) of
+    token rows a Transpose or Reshape made: the smoothing Mul vitexport inserts before a Linear no LayerNorm
+    absorbs, on a conv stage's feature map turned into tokens. RKNN 2.5.0 crashes in OpEmit on that Mul, where
+    it is and moved after the Conv view's Transpose alike (SIGSEGV after "LayoutMatchManager: recursion_depth=3,
+    Logic is Dangerous": NextViT's E-MHSA, whose q, k and v read such rows), and compiles the same scaling as a
+    float16 depthwise 1x1 Conv on the channels of :class:`LinearsAsConv`'s ``[1, Cin, 1, T]`` view."""
+    mul = x.producer()
+    if mul is None or mul.op_type != "Mul":
+        return None
+    for i in (0, 1):
+        c = const_array(mul.inputs[i])
+        other = mul.inputs[1 - i]
+        rows = other.producer() if other is not None else None
+        if (c is not None and rows is not None and rows.op_type in ("Transpose", "Reshape") and c.dtype == np.float32
+                and c.size == cin and c.shape[-1:] == (cin,)):
+            return other, c.reshape(-1)
+    return None
 
 
 def patch_split(p: int) -> int | None:
@@ -586,6 +615,32 @@ def _zero_bias(model: ir.Model, conv: ir.Node) -> None:
         conv.replace_input_with(2, bias)
 
 
+def _int32_bias(model: ir.Model, conv: ir.Node) -> None:
+    """A grouped (not depthwise) Conv's float bias written as an int32 ``DequantizeLinear`` at the scale
+    ONNX Runtime's QLinearConv uses (activation scale × each channel's weight scale): from a float bias RKNN
+    2.5.0 derives a bias scale of its own for a grouped conv and can abort ("clip_truncate < 0, plz make sure
+    bias_scale > weight_scale * input_scale", SIGABRT in OpEmit: NextViT's 3x3 convs of 12 groups of 32
+    channels); given its int32 bias, it compiles."""
+    w_dq, x_dq = conv.inputs[1].producer(), conv.inputs[0].producer()
+    w = const_array(w_dq.inputs[0])
+    b = const_array(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
+    group = conv.attributes["group"].as_int() if conv.attributes.get("group") is not None else 1
+    sx = const_array(x_dq.inputs[1])
+    if group < 2 or w.shape[1] < 2 or b is None or b.dtype != np.float32 or sx is None or np.size(sx) != 1:
+        return
+    scale = (np.float32(np.ravel(sx)[0]) * np.broadcast_to(np.asarray(const_array(w_dq.inputs[1]), np.float32).reshape(-1),
+                                                          b.shape)).astype(np.float32)
+    scale = np.maximum(scale, np.float32(1e-30))
+    q = np.clip(np.round(b / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
+    stem = f"{conv.name}_bias"
+    dq = ir.node("DequantizeLinear", [new_initializer(model, f"{stem}_quantized", q), new_initializer(model, f"{stem}_scale", scale),
+                                      new_initializer(model, f"{stem}_zero_point", np.zeros_like(q))],
+                 {"axis": 0}, name=f"{stem}_DequantizeLinear")
+    dq.outputs[0].name, dq.outputs[0].dtype = f"{stem}_dequantized", ir.DataType.FLOAT
+    model.graph.insert_before(conv, [dq])
+    conv.replace_input_with(2, dq.outputs[0])
+
+
 def _own_dq(model: ir.Model, conv: ir.Node) -> None:
     """The Conv's activation DequantizeLinear made its own when other nodes read it too (a Concat):
     RKNN 2.5.0 then ran EfficientViT's depthwise ``aggreg`` conv in float16 despite its Q/DQ."""
@@ -625,6 +680,7 @@ class ConvOutputsQdq(GraphPass):
                 report.skipped[conv.name] = rule
                 continue
             _zero_bias(model, conv)
+            _int32_bias(model, conv)
             _own_dq(model, conv)
             v = conv_output(conv)
             uses = list(v.uses())
