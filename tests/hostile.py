@@ -326,7 +326,7 @@ def _cases() -> list[Case]:
         C("over-large image alone", lambda t: [*_py(t, "build"), "--calib", str(_image_folder(t, big=True))], "too large"),
         C("data of the wrong shape", lambda t: ["--parity-data", str(_npz(t))], "the model input wants"),
         C("missing data path", lambda t: ["--calib", str(t / "nope.npz")], "not found"),
-        C("text file named .npz", lambda t: ["--calib", str(_touch(t / "data.npz", "hello"))], "unsupported data"),
+        C("text file named .npz", lambda t: ["--calib", str(_touch(t / "data.npz", "hello"))], "named .npz but not one"),
         C("single .npy file", lambda t: ["--calib", str(_npy(t))], "np.savez"),
         C("single image file", lambda t: [*_py(t, "build"), "--calib", str(next(_image_folder(t, good=1).iterdir()))], "single image"),
         C("zip that holds no arrays", lambda t: ["--calib", str(_zip(t))], "holds no arrays"),

@@ -390,6 +390,8 @@ def _check_data_file(p: Path) -> None:
         raise BadInput(f"{p}: a single .npy array; save it as an .npz (np.savez('data.npz', x=array))")
     if p.suffix.lower() in IMAGE_SUFFIXES:
         raise BadInput(f"{p}: a single image; give the folder that holds the images")
+    if p.suffix.lower() == ".npz":
+        raise BadInput(f"{p}: named .npz but not one (an .npz is a zip archive; write it with np.savez)")
     raise BadInput(f"{p}: unsupported data (expected an .npz file or an image folder)")
 
 
