@@ -163,3 +163,14 @@ def test_nextvits_int8_graph_compiles_where_rknn_crashed_on_it(rknn, tmp_path):
     assert proc.returncode == 0 or doc["failed_stage"] == "simulate"
     checks = {c["metric"]: c["value"] for c in stages["build_engine"]["checks"]}
     assert checks["cpu_compute_ops"] == 0 and checks["int8_share"] >= 0.95, checks
+
+
+@pytest.mark.slow
+def test_a_relative_out_folder_compiles(rknn, tmp_path):
+    """``make export TARGET=rk3588`` writes to ``build/<model>-rk3588``, a relative path: the compile's scratch
+    folder sits inside it and the worker runs there, so a relative request path named a file that did not exist
+    (exit 2, "No such file or directory: 'build/.../request.json'")."""
+    proc = run_cli("export", "--target", "rk3588", "--out", "out", "--set", "quantization.measure_latency=false",
+                   "--set", "target_options.calibration_samples=8", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert (tmp_path / "out" / "model.rknn").stat().st_size > 0 and not list((tmp_path / "out").glob(".rknn-*"))

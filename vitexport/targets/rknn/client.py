@@ -247,7 +247,7 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
             refused the model (stage, compiler pass and RKNN's error line named).
     """
     py = require_rknn()
-    work = Path(work_dir)
+    work = Path(work_dir).resolve()  # the worker runs in it: every path it reads must be absolute (a relative --out)
     work.mkdir(parents=True, exist_ok=True)
     path = _write_request(req, work)
     log = work / "rknn.log"
