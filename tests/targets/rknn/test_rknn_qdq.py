@@ -394,6 +394,14 @@ def test_a_grouped_conv_gets_its_bias_as_int32_at_the_scale_onnx_runtime_uses_an
     assert all(convs[n].inputs[2].producer() is None for n in ("patch", "depthwise", "pointwise"))
     after = _run(model, x)
     assert np.abs(after - before).max() <= 4.0 / 127 + 1e-6  # at most one step of the output Q/DQ the pass added
+    # a dead channel's tiny weight scale beside a live bias: no int32 holds bias / scale, so the float bias stays
+    dead = ir.serde.deserialize_model(qdq_convs())
+    ws_value = next(n for n in dead.graph if n.name == "grouped_w_DQ").inputs[1]
+    tiny = ws_value.const_value.numpy().copy()
+    tiny[0] = 1e-12
+    ws_value.const_value = ir.tensor(tiny, name=ws_value.name)
+    ConvOutputsQdq({"y": (0.0, 4.0)}, np.dtype(np.int8))(dead)
+    assert next(n for n in dead.graph if n.name == "grouped").inputs[2].producer() is None
 
 
 def _smoothed_rows_linear(rows: str = "Transpose") -> ir.Model:

@@ -630,8 +630,10 @@ def _int32_bias(model: ir.Model, conv: ir.Node) -> None:
         return
     scale = (np.float32(np.ravel(sx)[0]) * np.broadcast_to(np.asarray(const_array(w_dq.inputs[1]), np.float32).reshape(-1),
                                                           b.shape)).astype(np.float32)
-    scale = np.maximum(scale, np.float32(1e-30))
-    q = np.clip(np.round(b / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
+    q = np.round(b.astype(np.float64) / np.maximum(scale, np.float32(1e-30)))
+    if np.any(np.abs(q) > 2**31 - 1):
+        return  # a dead weight channel's scale with a live bias: no int32 holds it, the float bias stays
+    q = q.astype(np.int32)
     stem = f"{conv.name}_bias"
     dq = ir.node("DequantizeLinear", [new_initializer(model, f"{stem}_quantized", q), new_initializer(model, f"{stem}_scale", scale),
                                       new_initializer(model, f"{stem}_zero_point", np.zeros_like(q))],
