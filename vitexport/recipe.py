@@ -429,6 +429,12 @@ class FallbackSpec(_Spec):
                     "fallback chooses its float layers; the parity data the gate scores is never used for that",
     )
     sensitivity_samples: int = Field(default=4, ge=1, description="samples used to rank layers by sensitivity")
+    ranking: Literal["auto", "node", "output"] = Field(
+        default="auto",
+        description="how the fallback orders the layers it may keep float: node (the error each adds to its own "
+                    "output, one-node models), output (the error each alone adds to the model's outputs: one model "
+                    "run per layer and sensitivity sample), auto (output on a network with conv stages, where "
+                    "trained MobileViT-XXS and EfficientViT-B0 measured it; node on transformers)")
     screen_samples: int = Field(
         default=64, ge=0,
         description="calibration samples screened besides the held-out ones, so that the prediction of the gate's "

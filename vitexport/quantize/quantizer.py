@@ -26,7 +26,7 @@ from ..recipe import Recipe
 from .annotate import attention_role
 from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
-from .fallback import FallbackResult, rank_sensitivity, search_fallback
+from .fallback import FallbackResult, output_ranked, rank_output_error, rank_sensitivity, search_fallback
 from .judge import Judge, Verdict
 from .precision import Float16Islands, precision_summary, to_opset
 from .profile import QuantProfile
@@ -179,6 +179,14 @@ class _Builder:
         qdq, self.islands, self.notes = self.built[key]
         return qdq
 
+    def probe(self, plan: QuantPlan) -> ir.Model:
+        """The Q/DQ model of ``plan``, built aside: neither kept nor what the report says of the last build."""
+        state = self.islands, self.notes
+        with self.profile.step("conversion"):
+            qdq = self._build(plan)
+        self.islands, self.notes = state
+        return qdq
+
     def keep(self, plan: QuantPlan) -> None:
         """Keep the model of ``plan`` (built last) until another is kept."""
         key = tuple(n.node for n in plan.nodes)
@@ -242,7 +250,11 @@ def _fallback(model: ir.Model, qdq: ir.Model, plan: QuantPlan, ranges, calib: Sa
             ranking = [(n, e) for n, e in ranking if plan.node(n) is not None]
         result = first
         if not first and ranking is not None:
-            fbr = search_fallback(plan, lambda p: _judged(p, judge, build), ranking, fb.max_float_layers, first,
+            order = ranking
+            if output_ranked(fb.ranking, plan, model, len(sens)):
+                order = rank_output_error(model, plan, build.probe, sens, target.gate_config, on_run=prof.ran)
+                report.notes.append(_output_rank_note(ranking, order))
+            fbr = search_fallback(plan, lambda p: _judged(p, judge, build), order, fb.max_float_layers, first,
                                   cheap=_sensitive_pv(model, plan, ranking), max_float_macs=_share_room(qdq, target, recipe),
                                   pass_over=target.int8_share_stage == "quantize_int8")
             if fbr.float_nodes:
@@ -398,6 +410,14 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
         report.notes.append(f"no node dominates the INT8 error (predicted worst cosine {first.prediction.cosine_min:.5f}; "
                             f"each alone in float: {', '.join(tried)}): all kept INT8")
     return qdq, plan, first
+
+
+def _output_rank_note(by_node: list[tuple[str, float]], by_output: list[tuple[str, float]]) -> str:
+    """How the fallback ranked its candidates, and where the first few would have stood by their own error."""
+    pos = {n: i + 1 for i, (n, _) in enumerate(by_node)}
+    head = ", ".join(f"{n} (#{pos.get(n, '?')} by its own output)" for n, _ in by_output[:3])
+    return (f"fallback order: each layer's INT8 error as the model's outputs see it (one model run per layer and "
+            f"sensitivity sample, a network with conv stages); first {head}")
 
 
 def _judged(plan: QuantPlan, judge: Judge, build: _Builder) -> Verdict:
