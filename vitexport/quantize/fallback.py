@@ -131,8 +131,8 @@ def rank_output_error(model: ir.Model, plan: QuantPlan, build: Callable[[QuantPl
     whole model built with that one node quantized (``build``, as written: float parts and all), its outputs against
     the float model's on ``feeds``, less what the float parts alone cost (the empty plan's build). Unlike
     :func:`rank_sensitivity` it sees what the layers downstream make of a node's error: on a trained MobileViT-XXS
-    the residual sum that ends stage 0 adds an ordinary 1.6 % error where it is quantized and ranks 34th of 58 by
-    its own output, yet alone it costs the logits more than any other node, and in float it lifts the held-out
+    the 1x1 conv that reads the residual sum ending stage 0 adds an ordinary 1.6 % error on its input and ranks 25th
+    by its own output, yet alone it costs the logits more than any other node, and in float it lifts the held-out
     worst cosine from 0.934 to 0.991. One model run per node and sample (:data:`OUTPUT_RANK_MACS` bounds what ``auto`` spends)."""
     ref_sess = Session(model, LOW_MEMORY)
     refs = [[o.astype(np.float64) for o in ref_sess.run(None, f)] for f in feeds]
