@@ -470,7 +470,10 @@ class QuantizationSpec(_Spec):
         description="calibration samples whose per-channel maxima set the smoothing factors (the first of the "
                     "seeded draw; the factors only balance channels, so a subset serves and saves a pass over the set)",
     )
-    asymmetric_activations: bool = False
+    asymmetric_activations: bool | Literal["auto"] = Field(
+        default=False,
+        description="uint8 activations with a zero point (true) or int8 with zero point 0 (false); auto: uint8 where "
+                    "the graph has conv stages (a conv whose kernel is not its stride), int8 on a transformer")
     per_channel_weights: bool = True
     quantize_attention_matmuls: bool = True
     quantize_attention_pv: bool = Field(

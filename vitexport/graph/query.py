@@ -17,6 +17,7 @@ __all__ = [
     "producer_through",
     "uses_through",
     "set_dtype",
+    "conv_stages",
 ]
 
 #: ops that move or reshape values without changing them (a channel stays a channel when the last
@@ -122,3 +123,19 @@ def quantized_linears(model: ir.Model) -> list[ir.Node]:
         if weight is not None and weight.ndim == 2:
             out.append(node)
     return out
+
+
+def conv_stages(model: ir.Model, names: Iterable[str] | None = None) -> bool:
+    """Whether the graph has conv stages: a Conv (among ``names`` when given) whose kernel is not its stride, i.e.
+    more than a ViT's patch embedding (MobileViT, EfficientViT, SegFormer's overlapping patches, LeViT's stem)."""
+    wanted = None if names is None else set(names)
+    for node in model.graph:
+        if node.op_type != "Conv" or (wanted is not None and node.name not in wanted):
+            continue
+        kernel, strides = node.attributes.get("kernel_shape"), node.attributes.get("strides")
+        if kernel is None:
+            return True
+        k = list(kernel.as_ints())
+        if k != (list(strides.as_ints()) if strides is not None else [1] * len(k)):
+            return True
+    return False

@@ -37,7 +37,7 @@ import onnx_ir as ir
 
 from ..calibration.feeds import FeedSet, feed_size
 from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
-from ..graph.query import const_array
+from ..graph.query import const_array, conv_stages
 from .convert import WeightCache, convert
 from .judge import Verdict
 from .spec import NodeSpec, QuantPlan
@@ -114,23 +114,14 @@ def output_ranked(ranking: str, plan: QuantPlan, model: ir.Model, samples: int =
         return ranking == "output"
     if len(plan.nodes) * samples * plan.total_macs > OUTPUT_RANK_MACS:
         return False
-    convs = {spec.node for spec in plan.nodes if spec.op_type == "Conv"}
-    for node in model.graph:
-        if node.name in convs:
-            kernel, strides = node.attributes.get("kernel_shape"), node.attributes.get("strides")
-            k = list(kernel.as_ints()) if kernel is not None else None
-            s = list(strides.as_ints()) if strides is not None else [1] * len(k or [])
-            if k is None or k != s:
-                return True
-    return False
+    return conv_stages(model, (spec.node for spec in plan.nodes if spec.op_type == "Conv"))
 
 
 def rank_output_error(model: ir.Model, plan: QuantPlan, build: Callable[[QuantPlan], ir.Model], feeds: FeedSet,
                       config: SessionConfig, on_run: Callable[[int], None] | None = None) -> list[tuple[str, float]]:
     """(node name, relative error its quantization alone adds to the model's outputs), most harmful first: the
-    whole model built with that one node quantized (``build``, as written: float parts and all), its outputs against
-    the float model's on ``feeds``, less what the float parts alone cost (the empty plan's build). Unlike
-    :func:`rank_sensitivity` it sees what the layers downstream make of a node's error: on a trained MobileViT-XXS
+    whole model built with that one node quantized (``build``: its float parts in float32), its outputs against the
+    float model's on ``feeds``. Unlike :func:`rank_sensitivity` it sees what the layers downstream make of a node's error: on a trained MobileViT-XXS
     the 1x1 conv that reads the residual sum ending stage 0 adds an ordinary 1.6 % error on its input and ranks 25th
     by its own output, yet alone it costs the logits more than any other node, and in float it lifts the held-out
     worst cosine from 0.934 to 0.991. One model run per node and sample (:data:`OUTPUT_RANK_MACS` bounds what ``auto`` spends)."""
@@ -149,8 +140,7 @@ def rank_output_error(model: ir.Model, plan: QuantPlan, build: Callable[[QuantPl
                 on_run(feed_size(f))
         return noise / max(signal, 1e-30)
 
-    base = error(QuantPlan(plan.target, (), plan.encoding))
-    scores = [(spec.node, max(0.0, error(QuantPlan(plan.target, (spec,), plan.encoding)) - base)) for spec in plan.nodes]
+    scores = [(spec.node, error(QuantPlan(plan.target, (spec,), plan.encoding))) for spec in plan.nodes]
     scores.sort(key=lambda x: (-x[1], x[0]))
     return scores
 

@@ -180,12 +180,11 @@ class _Builder:
         return qdq
 
     def probe(self, plan: QuantPlan) -> ir.Model:
-        """The Q/DQ model of ``plan``, built aside: neither kept nor what the report says of the last build."""
-        state = self.islands, self.notes
+        """The Q/DQ model of ``plan`` with float32 float parts, built aside (neither kept nor reported): a probe of
+        what the plan's INT8 costs (float16 float parts would cost every probe alike, and a plan of one node leaves
+        graphs float16 islands were never made for)."""
         with self.profile.step("conversion"):
-            qdq = self._build(plan)
-        self.islands, self.notes = state
-        return qdq
+            return convert(self.model, plan, self.ranges, self.cache)[0]
 
     def keep(self, plan: QuantPlan) -> None:
         """Keep the model of ``plan`` (built last) until another is kept."""
@@ -412,6 +411,15 @@ def _probe_dominant(qdq: ir.Model, plan: QuantPlan, first: Verdict, judge: Judge
     return qdq, plan, first
 
 
+def _activations_note(target: Target) -> str:
+    """What ``quantization.asymmetric_activations: auto`` chose for this graph."""
+    if target.spec.asymmetric_activations:
+        return ("activations: uint8 with a zero point (asymmetric_activations=auto: the graph has conv stages, whose "
+                "SiLU / GELU outputs keep all 256 levels so)")
+    return ("activations: int8 with zero point 0 (asymmetric_activations=auto: a transformer without conv stages, "
+            "whose two-sided residual streams lose nothing to the sign bit)")
+
+
 def _output_rank_note(by_node: list[tuple[str, float]], by_output: list[tuple[str, float]]) -> str:
     """How the fallback ranked its candidates, and where the first few would have stood by their own error."""
     pos = {n: i + 1 for i, (n, _) in enumerate(by_node)}
@@ -503,10 +511,14 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path, calib: SampleSet,
     if len(calib) == 0:
         raise BadInput("calibration data holds no samples")
     work_dir.mkdir(parents=True, exist_ok=True)
-    recipe = target.recipe
     model = prepare_model(fp32_path, target)
+    auto = target.spec.asymmetric_activations == "auto"
+    target = target.for_model(model)
+    recipe = target.recipe
     plan = target.annotate(model)
     report = QuantReport(target=target.name, method=recipe.calibration.method.value)
+    if auto:
+        report.notes.append(_activations_note(target))
     if not plan.nodes:
         report.notes.append("no node fits the target's INT8 rules; the model is written unchanged (float)")
     elif (wnote := target.weight_range_note()) is not None:

@@ -10,6 +10,7 @@ its default recipe. The rest of the pipeline (``quantize/``, ``check/``, ``stage
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..check.rules import RuntimeRules
 from ..check.violation import Violation
 from ..errors import BadInput, did_you_mean
+from ..graph.query import conv_stages
 from ..quantize.annotate import annotate
 from ..quantize.spec import Encoding, QuantPlan
 from ..recipe import Recipe, StageName, TargetStage, with_target_stages
@@ -216,6 +218,16 @@ class Target:
     def annotate(self, model: ir.Model) -> QuantPlan:
         """Decide which nodes get INT8 inputs (needs static shapes). Never modifies the graph."""
         return annotate(model, self)
+
+    def for_model(self, model: ir.Model) -> "Target":
+        """This target with ``quantization.asymmetric_activations: auto`` decided for ``model`` (itself otherwise):
+        uint8 with a zero point where the graph has conv stages, int8 with zero point 0 on a transformer."""
+        if self.spec.asymmetric_activations != "auto":
+            return self
+        spec = self.spec.model_copy(update={"asymmetric_activations": conv_stages(model)})
+        decided = copy.copy(self)
+        decided.spec, decided.recipe = spec, self.recipe.model_copy(update={"quantization": spec})
+        return decided
 
     def encoding(self) -> Encoding:
         """How every Q/DQ pair of this target's plans is written."""
