@@ -434,7 +434,8 @@ class FallbackSpec(_Spec):
         description="how the fallback orders the layers it may keep float: node (the error each adds to its own "
                     "output, one-node models), output (the error each alone adds to the model's outputs: one model "
                     "run per layer and sensitivity sample), auto (output on a network with conv stages, where "
-                    "trained MobileViT-XXS and EfficientViT-B0 measured it; node on transformers)")
+                    "trained MobileViT-XXS and EfficientViT-B0 measured it, while that costs at most 500 G "
+                    "multiply-accumulates; node on transformers)")
     screen_samples: int = Field(
         default=64, ge=0,
         description="calibration samples screened besides the held-out ones, so that the prediction of the gate's "

@@ -9,7 +9,9 @@ judged by the gate's *predicted* figures over as many samples as the gate scores
 1. *Rank* every quantized node by its local sensitivity: the node alone, as a one-node model, run
    on its true float inputs with and without Q/DQ; the score is the relative error it adds
    (noise / signal power of its output). attn·V (both inputs quantized) is a node like any other:
-   keeping it float is one candidate, with its MACs as its cost.
+   keeping it float is one candidate, with its MACs as its cost. On a network with conv stages the
+   growth below takes its order from :func:`rank_output_error` instead (``quantization.fallback.ranking``):
+   the error each node alone adds to the model's outputs, which sees what later layers amplify.
 2. *Grow*: keep the k most sensitive nodes in float for k = 1, 2, … :data:`LINEAR_STEPS`, then k grows
    by half again per step (12, 18, 27, …), until the whole model is predicted to meet the budget (or
    ``max_float_layers`` is reached, when a recipe sets one; by default there is no cap); a size met
@@ -42,7 +44,8 @@ from .convert import WeightCache, convert
 from .judge import Verdict
 from .spec import NodeSpec, QuantPlan
 
-__all__ = ["rank_sensitivity", "rank_output_error", "output_ranked", "OUTPUT_RANK_MACS", "FallbackResult", "search_fallback", "STALL", "LINEAR_STEPS", "PRUNE_TRIES", "step_sizes"]
+__all__ = ["rank_sensitivity", "rank_output_error", "output_ranked", "OUTPUT_RANK_MACS", "FallbackResult",
+           "search_fallback", "STALL", "LINEAR_STEPS", "PRUNE_TRIES", "step_sizes"]
 
 #: a step that cuts the predicted flip rate (or, beyond :data:`LINEAR_STEPS`, the predicted worst-case
 #: error 1 − cos) by less than this share is no progress
@@ -121,10 +124,11 @@ def rank_output_error(model: ir.Model, plan: QuantPlan, build: Callable[[QuantPl
                       config: SessionConfig, on_run: Callable[[int], None] | None = None) -> list[tuple[str, float]]:
     """(node name, relative error its quantization alone adds to the model's outputs), most harmful first: the
     whole model built with that one node quantized (``build``: its float parts in float32), its outputs against the
-    float model's on ``feeds``. Unlike :func:`rank_sensitivity` it sees what the layers downstream make of a node's error: on a trained MobileViT-XXS
-    the 1x1 conv that reads the residual sum ending stage 0 adds an ordinary 1.6 % error on its input and ranks 25th
-    by its own output, yet alone it costs the logits more than any other node, and in float it lifts the held-out
-    worst cosine from 0.934 to 0.991. One model run per node and sample (:data:`OUTPUT_RANK_MACS` bounds what ``auto`` spends)."""
+    float model's on ``feeds``. Unlike :func:`rank_sensitivity` it sees what the layers downstream make of a node's
+    error: on a trained MobileViT-XXS the 1x1 conv that reads the residual sum ending stage 0 adds an ordinary 1.6 %
+    error on its input and ranks 25th by its own output, yet alone it costs the logits more than any other node, and
+    in float it lifts the held-out worst cosine from 0.934 to 0.991. One model run per node and sample
+    (:data:`OUTPUT_RANK_MACS` bounds what ``auto`` spends)."""
     ref_sess = Session(model, LOW_MEMORY)
     refs = [[o.astype(np.float64) for o in ref_sess.run(None, f)] for f in feeds]
     del ref_sess
