@@ -170,7 +170,9 @@ def test_a_relative_out_folder_compiles(rknn, tmp_path):
     """``make export TARGET=rk3588`` writes to ``build/<model>-rk3588``, a relative path: the compile's scratch
     folder sits inside it and the worker runs there, so a relative request path named a file that did not exist
     (exit 2, "No such file or directory: 'build/.../request.json'")."""
+    # the layout's own calibration samples at the target's default: the demo's int8 file laid out from 8 samples
+    # fails build_engine's gate (0.9693; 0.9964 from the default 32)
     proc = run_cli("export", "--target", "rk3588", "--out", "out", "--set", "quantization.measure_latency=false",
-                   "--set", "target_options.calibration_samples=8", cwd=tmp_path, timeout=300)
+                   cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (tmp_path / "out" / "model.rknn").stat().st_size > 0 and not list((tmp_path / "out").glob(".rknn-*"))
