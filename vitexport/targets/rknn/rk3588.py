@@ -2,8 +2,9 @@
 
 rknn-toolkit2 lives in a venv of its own (``make setup-rknn``: it pins numpy<=1.26.4 / onnx<=1.18 and
 imports torch) and runs in a worker process (:mod:`.client`). The target owns
-- where Q/DQ goes: asymmetric uint8 activations (``quantization.asymmetric_activations``, as RKNN's own
-  quantizer), per-channel weights (RKNN's own default), attention's
+- where Q/DQ goes: activations as ``quantization.asymmetric_activations: auto`` picks them (uint8 with a zero
+  point, as RKNN's own quantizer, on a graph with conv stages; int8 with zero point 0 on a transformer, measured
+  better on RKNN's simulator: docs/bench.md), per-channel weights (RKNN's own default), attention's
   Q·Kᵀ and attn·V quantized; smoothing Muls inserted before Linears stay (RKNN refused them,
   ``Invalid w_par['dtype'] = float16``, only while the Linears read float inputs; in the Q/DQ layout
   the demo with its 4 inserted Muls compiles with 100 % of its GEMM/Conv MACs in INT8);
