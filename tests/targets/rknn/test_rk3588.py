@@ -21,6 +21,7 @@ from vitexport.progress import Heartbeat
 from vitexport.sources.base import LoadedModel, OutputAdapter
 from vitexport.targets import load_target
 from vitexport.targets.rknn.client import RKNN_VENV_ENV, rknn_missing
+from vitexport.targets.rknn.stages import FEW_LAYOUT_SAMPLES, samples_note
 
 IMG = 32
 
@@ -64,6 +65,17 @@ def test_a_vit_compiles_to_rknn_all_on_the_npu_in_int8_and_passes_the_simulator(
     runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
     assert runtime["route"] == "qdq" and runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"]
     assert runtime["int8_share"] >= 0.95, runtime["macs_by_dtype"]
+    # 8 layout samples: the report says so, and that it is too few to trust
+    few = [n for n in stages["build_engine"].notes if "target_options.calibration_samples=8" in n]
+    assert few and "from 8 calibration sample(s)" in few[0] and "too few to trust" in few[0], stages["build_engine"].notes
+
+
+def test_the_layout_sample_note_warns_below_the_floor_only():
+    assert "too few" in samples_note(8, 8, "qdq") and "ranges from 8 calibration" in samples_note(8, 8, "qdq")
+    assert "too few" not in samples_note(FEW_LAYOUT_SAMPLES, FEW_LAYOUT_SAMPLES, "qdq")
+    # calibration data shorter than asked: the count is what was measured, and the warning follows it
+    assert "measured 5 calibration sample(s) (target_options.calibration_samples=32)" in samples_note(5, 32, "rknn")
+    assert "too few" in samples_note(5, 32, "rknn")
 
 
 def test_a_missing_toolchain_is_exit_2_naming_the_make_target_before_any_work(tmp_path):

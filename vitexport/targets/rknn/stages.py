@@ -36,6 +36,7 @@ from ...parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
 from ...quantize.precision import reads_int8
 from ...recipe import Recipe, TargetStage
 from ...runners import OnnxRuntimeRunner, RecordedRunner, record_outputs
+from ...runners.base import feed_size
 from ...runners.sessions import QDQ_AS_FLOAT
 from ...stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, StageOutput, content_key, model_hash
 from .client import RknnRequest, RknnResult, require_rknn, run_rknn
@@ -139,6 +140,22 @@ def npu_report(res: RknnResult, route: str, layout: dict) -> dict:
             "simulator_ms_per_sample": round(1e3 * (res.seconds_per_sample or 0.0), 2), "layout": layout}
 
 
+#: fewer layout samples than this are too few to trust (the demo's build_engine worst cosine: 0.9693 at 8
+#: samples with int8 activations, 0.9856 at 16, 0.9964 at the default 32; docs/bench.md)
+FEW_LAYOUT_SAMPLES = 16
+
+
+def samples_note(samples: int, asked: int, route: str) -> str:
+    """What the ranges the layout adds (``qdq``) or RKNN's own quantizer (``rknn`` / ``hybrid``) measured, and a
+    warning when that is too few samples to trust."""
+    what = "the Q/DQ pairs the layout adds took their ranges from" if route == "qdq" else "RKNN's quantizer measured"
+    line = f"{what} {samples} calibration sample(s) (target_options.calibration_samples={asked})"
+    if samples < FEW_LAYOUT_SAMPLES:
+        line += (f"; fewer than {FEW_LAYOUT_SAMPLES} is too few to trust (the demo's worst cosine here: 0.9693 at 8, "
+                 "0.9964 at the default 32): raise it, or give --calib more samples")
+    return line
+
+
 def _notes(report: dict) -> list[str]:
     cpu = report["on_cpu"]
     line = (f"RKNN's op table (route {report['route']}): {report['int8_share']:.1%} of GEMM/Conv multiply-accumulates "
@@ -234,7 +251,8 @@ class CompileRknnStage:
             report["host"] = host.to_dict()
         # the simulator ran in this call for the simulate stage: its time is that stage's
         simulator_s = sum(res.stages.get(k, 0.0) for k in SIMULATOR_STEPS)
-        return StageOutput(files=files, notes=_notes(report), details={"runtime": report, SHARE_KEY: share.to_dict()},
+        notes = [*_notes(report), samples_note(sum(feed_size(f) for f in calib), t.options.calibration_samples, route)]
+        return StageOutput(files=files, notes=notes, details={"runtime": report, SHARE_KEY: share.to_dict()},
                            later_work_s={SIMULATE.name: simulator_s})
 
     @staticmethod
