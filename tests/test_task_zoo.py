@@ -113,8 +113,9 @@ CASES = [
     # rk3588 left out: rknn-toolkit2's build of ConvNeXt's 7x7 depthwise convs ran over 15 minutes on the loaded
     # 2-core machine it was tried on (not measured to the end)
     TaskCase("upernet", _upernet, ("output",), targets=("orin", "openvino")),
-    # RKNN runs the neck's four bilinear Resizes on the CPU: the share gate's exit 1 names them
-    TaskCase("dpt", _dpt, ("output",), on={"rk3588": (1, "compute ops on the CPU by RKNN's op table")}),
+    # rk3588: its five align-corners Resizes (RKNN runs that form on the CPU) are written as asymmetric ones with an
+    # exact correction (export.align_corners_resize), all on the NPU
+    TaskCase("dpt", _dpt, ("output",)),
     TaskCase("mask2former", _mask2former, (), 2, "has no CPU kernel for node", targets=("orin",),
              why="its deformable attention samples in float64 (GridSample-16), which ONNX Runtime has no kernel for"),
     TaskCase("dinov2", lambda: transformers.Dinov2Model(transformers.Dinov2Config(**_TINY)), ("last_hidden_state", "pooler_output")),

@@ -364,7 +364,8 @@ class ExportSpec(_Spec):
     writes ``scaled_dot_product_attention`` as MatMul/Softmax/MatMul at every opset, and
     ``einsum_as_matmul`` two-operand einsums as Transpose/Reshape/MatMul. ``gelu_approximation:
     tanh`` replaces exact GELU (``Erf``) by its tanh form; GELU itself moves by up to 5e-4, so the
-    model's outputs change slightly and ``parity.export_onnx`` may need loosening.
+    model's outputs change slightly and ``parity.export_onnx`` may need loosening. ``align_corners_resize:
+    asymmetric`` rewrites align-corners upsampling by 2 exactly (:mod:`vitexport.export.resize`), after onnxsim.
     """
 
     opset: int = Field(default=17, ge=11, le=23)
@@ -374,6 +375,10 @@ class ExportSpec(_Spec):
     explicit_attention: bool = True
     einsum_as_matmul: bool = True
     gelu_approximation: Literal["none", "tanh"] = "none"
+    align_corners_resize: Literal["keep", "asymmetric"] = Field(
+        default="keep", description="asymmetric: an align-corners linear Resize by 2 is written as an asymmetric "
+                                    "Resize and an exact per-axis correction (depthwise Conv, Mul, Add), for an NPU "
+                                    "that runs the align-corners form on its CPU (the target's recipe says which)")
     batch_size: int = Field(default=1, ge=1)
     simplify: bool = True
 

@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from ..graph.query import attr, const_array, opset_version, static_shape
 
-__all__ = ["GRAPH_LOWERABLE", "lower_to_allowed_ops"]
+__all__ = ["GRAPH_LOWERABLE", "lower_to_allowed_ops", "NodeWriter"]
 
 #: op -> (the ops its rewrite writes, how the report says it)
 GRAPH_LOWERABLE: dict[str, tuple[frozenset[str], str]] = {
@@ -36,7 +36,7 @@ GRAPH_LOWERABLE: dict[str, tuple[frozenset[str], str]] = {
 }
 
 
-class _Writer:
+class NodeWriter:
     """Builds the replacement nodes of one node (named after it) and swaps them in."""
 
     def __init__(self, model: ir.Model, node: ir.Node):
@@ -83,7 +83,7 @@ def _axes(node: ir.Node, rank: int, opset: int) -> list[int] | None:
     return sorted(a % rank for a in axes)
 
 
-def _global_average_pool(w: _Writer) -> bool:
+def _global_average_pool(w: NodeWriter) -> bool:
     shape = static_shape(w.node.inputs[0])
     if shape is None or len(shape) < 3:
         return False
@@ -91,7 +91,7 @@ def _global_average_pool(w: _Writer) -> bool:
     return True
 
 
-def _reduce_l2(w: _Writer) -> bool:
+def _reduce_l2(w: NodeWriter) -> bool:
     x = w.node.inputs[0]
     shape = static_shape(x)
     axes = _axes(w.node, len(shape), w.opset) if shape is not None else None
@@ -104,7 +104,7 @@ def _reduce_l2(w: _Writer) -> bool:
     return True
 
 
-def _clip(w: _Writer) -> bool:
+def _clip(w: NodeWriter) -> bool:
     x = w.node.inputs[0]
     lo = w.node.inputs[1] if len(w.node.inputs) > 1 else None
     hi = w.node.inputs[2] if len(w.node.inputs) > 2 else None
@@ -142,7 +142,7 @@ def _pad_amounts(node: ir.Node, rank: int, opset: int) -> tuple[list[int], float
     return (pads, value) if len(pads) == 2 * rank and min(pads, default=0) >= 0 else None
 
 
-def _pad(w: _Writer) -> bool:
+def _pad(w: NodeWriter) -> bool:
     x = w.node.inputs[0]
     shape = static_shape(x)
     if shape is None or attr(w.node, "mode", "constant") not in ("constant", b"constant") or x.dtype is None:
@@ -168,7 +168,7 @@ def _pad(w: _Writer) -> bool:
     return True
 
 
-_REWRITES: dict[str, Callable[[_Writer], bool]] = {
+_REWRITES: dict[str, Callable[[NodeWriter], bool]] = {
     "GlobalAveragePool": _global_average_pool, "ReduceL2": _reduce_l2, "Clip": _clip, "Pad": _pad,
 }
 
@@ -186,6 +186,6 @@ def lower_to_allowed_ops(model: ir.Model, allowed_ops: list[str] | None) -> Coun
     allowed = set(allowed_ops)
     wanted = {op for op, (uses, _) in GRAPH_LOWERABLE.items() if op not in allowed and uses <= allowed}
     for node in list(model.graph):
-        if node.op_type in wanted and node.domain in ("", "ai.onnx") and _REWRITES[node.op_type](_Writer(model, node)):
+        if node.op_type in wanted and node.domain in ("", "ai.onnx") and _REWRITES[node.op_type](NodeWriter(model, node)):
             done[node.op_type] += 1
     return done

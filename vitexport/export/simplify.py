@@ -25,6 +25,7 @@ from ..check import CheckTarget, model_violations, run_checker
 from ..results import Data, result
 from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
+from .resize import align_corners_as_asymmetric
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -238,6 +239,11 @@ def simplify_onnx(
     if lowered:
         notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
                   for op, k in sorted(lowered.items())]
+    resized = align_corners_as_asymmetric(simplified) if recipe.export.align_corners_resize == "asymmetric" else 0
+    if resized:
+        notes.append(f"{resized} align-corners Resize(s) by 2 written as an asymmetric Resize and an exact per-axis "
+                     "correction (depthwise Conv, Mul, Add; export.align_corners_resize=asymmetric)")
+    if lowered or resized:
         # the checker again, on the rewritten graph, its large weights held aside as above: a weight
         # still in the input's .data file has no folder to be read from in a proto (swinv2_tiny, 112 MB)
         with weights_as_inputs(simplified) as (proto, _):

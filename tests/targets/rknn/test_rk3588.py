@@ -15,7 +15,7 @@ import torch
 
 from cli_helpers import run_cli
 from vitexport.calibration.data import NpzSamples
-from vitexport.errors import BadInput
+from vitexport.errors import BadInput, ParityFailure
 from vitexport.pipeline import run_pipeline
 from vitexport.progress import Heartbeat
 from vitexport.sources.base import LoadedModel, OutputAdapter
@@ -188,3 +188,37 @@ def test_a_relative_out_folder_compiles(rknn, tmp_path):
                    cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (tmp_path / "out" / "model.rknn").stat().st_size > 0 and not list((tmp_path / "out").glob(".rknn-*"))
+
+
+class _Upsample(torch.nn.Module):
+    """DPT's fusion step at a tiny size: a conv, an align-corners bilinear upsampling by 2, a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 16, 4, stride=4), torch.nn.Conv2d(16, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2, mode="bilinear", align_corners=True)
+        return self.head(torch.relu(self.b(y)).mean((2, 3)))
+
+
+@pytest.mark.slow
+def test_an_align_corners_upsampling_runs_on_the_npu_where_rknn_put_it_on_the_cpu(rknn, tmp_path):
+    """RKNN 2.5.0 runs an align-corners Resize on the CPU (the cpu_compute_ops gate: exit 1). The rk3588 recipe
+    writes it as an asymmetric Resize with an exact correction: every op on the NPU, the simulator gated."""
+    torch.manual_seed(0)
+    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
+    model = LoadedModel(_Upsample().eval(), {"x": torch.from_numpy(images[:1])}, "upsample", "python", "upsample")
+    calib, parity = NpzSamples({"x": images[:32]}), NpzSamples({"x": images[32:]})
+    sets = ["quantization.measure_latency=false"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arts = run_pipeline(model, load_target("rk3588", sets), tmp_path / "out", calib=calib, parity_data=parity)
+        assert arts.passed and "simulate" in {s.stage for s in arts.parity.stages}
+        runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
+        assert runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"] and runtime["int8_share"] >= 0.95
+        # the same model with the Resize as exported: RKNN runs it on the CPU, and the gate says so
+        with pytest.raises(ParityFailure, match=r"cpu_compute_ops=1 .*Resize:/model/Resize \(Resize, \S+ on the CPU\)"):
+            run_pipeline(model, load_target("rk3588", [*sets, "export.align_corners_resize=keep"]), tmp_path / "kept",
+                         calib=calib, parity_data=parity)
