@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
+import onnx_ir as ir
 from pydantic import Field
 
 from ...calibration.feeds import FeedSet
 from ...errors import BadInput
 from ...graph.files import artifact_files, load_model
 from ...graph.macs import MAC_OPS
+from ...graph.query import attr
 from ...graph.split import split_integer_prefix
 from ...io import atomic_path
 from ...parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
@@ -185,16 +187,27 @@ def _float_why(row: OpRow, route: str, stripped: dict[str, str], quantized: set[
     return f"no Q/DQ on it in {RKNN_ONNX} (quantize_int8's INT8-share note says why the quantizer left it float)"
 
 
+def _cpu_why(node: ir.Node | None) -> str:
+    """Why RKNN placed a compute op on the CPU, where a known form says more than that it did."""
+    if (node is not None and node.op_type == "Resize"
+            and attr(node, "coordinate_transformation_mode", "half_pixel") in ("align_corners", b"align_corners")):
+        return ("RKNN 2.5.0 runs an align-corners Resize on the CPU; export.align_corners_resize=asymmetric (the rk3588 "
+                "recipe's) rewrites only a linear one by 2 on H and W: upsample by 2 steps, or with align_corners=False "
+                "(half_pixel, which RKNN runs on the NPU), in the model")
+    return "RKNN placed it on the CPU"
+
+
 def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints: list[str]) -> Int8Share:
     """What RKNN's op table says about INT8: the share, every GEMM/Conv it runs in float with why, and
     the ops it placed on the CPU (compute apart from data movement, :data:`DATA_MOVEMENT`)."""
     stripped = dict(layout.get("skipped") or {})  # node → the layout pass's reason (ConvsInFloat's rule)
-    quantized = {n.name for n in load_model(compiled).graph if n.op_type in MAC_OPS and reads_int8(n)}
+    nodes = {n.name: n for n in load_model(compiled).graph}
+    quantized = {name for name, n in nodes.items() if n.op_type in MAC_OPS and reads_int8(n)}
     rows = [r for r in res.ops if r.op_type not in ("InputOperator", "OutputOperator")]
     floats = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the {r.target}",
                          _float_why(r, route, stripped, quantized)) for r in rows if r.is_gemm and r.dtype != "INT8"]
     cpu = [r for r in rows if r.target != "NPU"]
-    compute = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the CPU", "RKNN placed it on the CPU")
+    compute = [FloatLayer(r.name, r.op_type, r.macs, f"{r.dtype.lower()} on the CPU", _cpu_why(nodes.get(r.source)))
                for r in cpu if r.op_type not in DATA_MOVEMENT]
     moves = [f"{r.op_type}:{r.name}" for r in cpu if r.op_type in DATA_MOVEMENT]
     return Int8Share(res.summary.int8_share, f"RKNN's op table (route {route})", res.summary.gemm_macs, floats,
