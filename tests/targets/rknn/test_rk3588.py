@@ -223,3 +223,25 @@ def test_an_align_corners_upsampling_runs_on_the_npu_where_rknn_put_it_on_the_cp
                                                 r"why: RKNN 2.5.0 runs an align-corners Resize on the CPU"):
             run_pipeline(model, load_target("rk3588", [*sets, "export.align_corners_resize=keep"]), tmp_path / "kept",
                          calib=calib, parity_data=parity)
+
+
+@pytest.mark.slow
+def test_detrs_position_add_compiles_on_the_linears_conv_views_where_rknn_crashed(rknn, tmp_path, monkeypatch, capfd):
+    """RKNN 2.5.0 segfaulted in OpEmit on DETR's encoder, where the sine position embedding is added to the
+    flattened backbone features between their Transpose and the q/k projections' conv views (exit 2). The layout
+    adds it on each conv view instead: exit 0, every op on the NPU; without that rule the same model is the crash."""
+    transformers = pytest.importorskip("transformers")
+    from test_outputs import _detector
+    from vitexport.cli import main
+
+    torch.manual_seed(0)
+    _detector(transformers, "detr").save_pretrained(tmp_path / "detr")
+    args = ["export", "--model", f"hf:{tmp_path / 'detr'}", "--target", "rk3588", "--set", "calibration.num_samples=16",
+            "--set", "parity_data.synthetic_samples=8", "--set", "quantization.measure_latency=false"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0, capfd.readouterr().err[-1500:]
+    runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
+    assert runtime["on_cpu"] == [] and runtime["int8_share"] >= 0.95
+    monkeypatch.setattr("vitexport.targets.rknn.qdq.position_add", lambda x, t, cin: None)
+    capfd.readouterr()
+    assert main([*args, "--out", str(tmp_path / "without")]) == 2
+    assert "rknn-toolkit2 crashed (SIGSEGV) in stage build (compiler pass OpEmit)" in capfd.readouterr().err

@@ -13,10 +13,10 @@ from rknn_models import (
     DIM, HEADS, TOKENS, qdq_attention, qdq_convs, qdq_hybrid_block, qdq_linear, qdq_patch_conv, qdq_strided_conv, qdq_unhalved_gelu,
 )
 from vitexport.runners.sessions import QDQ_AS_FLOAT, session_options
-from vitexport.targets.rknn.graph import HalvedGelus, output_ranges, patch_convs, rknn_hazards, strided_convs
+from vitexport.targets.rknn.graph import HalvedGelus, infer_shapes, output_ranges, patch_convs, rknn_hazards, strided_convs
 from vitexport.targets.rknn.qdq import (
     FUSED_ACTIVATIONS, BatchedProbsInFloat, ConvOutputsQdq, ConvsInFloat, CpuQuantizesInFloat, LinearsAsConv, MoveScoreScales, OutputQdq, PatchConvsInInt8,
-    channel_scale, conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
+    channel_scale, position_add, conv_output, conv_outputs_to_measure, feeds_softmax, linear_sites, patch_split, pooled_shortcut, quantized_convs, score_matmuls, stride_split,
 )
 from vitexport.targets.rknn.routes import layout_hazards, qdq_layout
 
@@ -402,6 +402,60 @@ def test_a_grouped_conv_gets_its_bias_as_int32_at_the_scale_onnx_runtime_uses_an
     ws_value.const_value = ir.tensor(tiny, name=ws_value.name)
     ConvOutputsQdq({"y": (0.0, 4.0)}, np.dtype(np.int8))(dead)
     assert next(n for n in dead.graph if n.name == "grouped").inputs[2].producer() is None
+
+
+def _positioned_rows_linears(rows: str = "Transpose") -> ir.Model:
+    """A conv stage's map turned into token rows by a Transpose, a constant position embedding added (one value per
+    token and channel), then two Q/DQ'd Linears reading the sum: DETR's encoder before its q and k projections
+    (``rows="Relu"``: rows an activation made, x already [1, T, D])."""
+    rs = np.random.RandomState(0)
+    inits = [nh.from_array((rs.randn(1, TOKENS, DIM) * 0.5).astype(np.float32), "pos"),
+             nh.from_array(np.array(6 / 127, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z")]
+    to_rows = (helper.make_node("Transpose", ["x"], ["rows"], perm=[0, 2, 1], name="to_rows") if rows == "Transpose"
+               else helper.make_node(rows, ["x"], ["rows"], name="to_rows"))
+    nodes = [to_rows, helper.make_node("Add", ["rows", "pos"], ["rows_pos"], name="pos_Add"),
+             helper.make_node("QuantizeLinear", ["rows_pos", "s", "z"], ["xq"], name="x_Q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="x_DQ")]
+    for k in ("q", "k"):
+        w = (rs.randn(DIM, 8) * 0.2).astype(np.float32)
+        ws = np.abs(w).max(axis=0) / 127
+        inits += [nh.from_array(np.round(w / ws).astype(np.int8), f"{k}_wq"), nh.from_array(ws.astype(np.float32), f"{k}_ws"),
+                  nh.from_array(np.zeros(8, np.int8), f"{k}_wz")]
+        nodes += [helper.make_node("DequantizeLinear", [f"{k}_wq", f"{k}_ws", f"{k}_wz"], [f"{k}_w"], axis=1, name=f"{k}_w_DQ"),
+                  helper.make_node("MatMul", ["xd", f"{k}_w"], [k], name=f"{k}_proj")]
+    nodes.append(helper.make_node("Add", ["q", "k"], ["y"], name="join"))
+    x_shape = [1, DIM, TOKENS] if rows == "Transpose" else [1, TOKENS, DIM]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, 8])], inits)
+    return ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def test_a_position_add_on_transposed_rows_moves_onto_each_linears_conv_view():
+    """RKNN 2.5.0 segfaults on DETR's position Add between the rows' Transpose and the conv view's: each Linear's
+    conv view adds the constant, laid out as [1, Cin, 1, T], after its Transpose and before its input Q/DQ, the
+    same function, and the Add on the rows goes; an Add on rows an activation made stays as it is."""
+    model = _positioned_rows_linears()
+    feeds = [{"x": np.random.RandomState(i).randn(1, DIM, TOKENS).astype(np.float32)} for i in range(2)]
+    before = _float_qdq_run(model, feeds[0])
+    ranges = output_ranges(model, feeds, ["q", "k"])
+    infer_shapes(model)  # as linear_sites does before LinearsAsConv reads them
+    add = model.graph.node("pos_Add")
+    rows, pos = position_add(add.outputs[0], TOKENS, DIM)
+    assert rows.name == "rows" and pos.shape == (TOKENS, DIM)
+    assert position_add(add.outputs[0], TOKENS, DIM + 1) is None  # not one value per token and channel
+    assert LinearsAsConv(ranges)(model).report.changed == 2
+    assert "pos_Add" not in {n.name for n in model.graph}
+    moved = [n for n in model.graph if n.op_type == "Add" and n.name.endswith("_nc_position_Add")]
+    assert len(moved) == 2
+    for n in moved:
+        assert n.inputs[0].producer().op_type == "Transpose" and n.inputs[1].const_value.numpy().shape == (1, DIM, 1, TOKENS)
+        assert [u.op_type for u, _ in n.outputs[0].uses()] == ["QuantizeLinear"]
+    # the Q/DQ pairs quantize the same sums: only the Linears' output Q/DQ, which the layout adds, moves the values
+    np.testing.assert_allclose(_float_qdq_run(model, feeds[0]), before, atol=4 * float(np.ptp(before)) / 255)
+    relu = _positioned_rows_linears("Relu")
+    assert position_add(relu.graph.node("pos_Add").outputs[0], TOKENS, DIM) is None
+    LinearsAsConv(output_ranges(relu, [{"x": f["x"].transpose(0, 2, 1)} for f in feeds], ["q", "k"]))(relu)
+    assert "pos_Add" in {n.name for n in relu.graph}  # left where it was
 
 
 def _smoothed_rows_linear(rows: str = "Transpose") -> ir.Model:

@@ -83,7 +83,7 @@ from .graph import (
 
 __all__ = ["LinearSite", "linear_sites", "LinearsAsConv", "PatchConvsInInt8", "patch_split", "stride_split", "MoveScoreScales",
            "score_matmuls", "OutputQdq", "FUSED_ACTIVATIONS", "quantized_convs", "conv_output", "pooled_shortcut", "feeds_softmax", "float_conv_rule", "conv_outputs_to_measure",
-           "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs"]
+           "ConvOutputsQdq", "ConvsInFloat", "BatchedProbsInFloat", "unquantized_outputs", "position_add"]
 
 #: ops between attention's Q·Kᵀ and its Softmax (scale, bias, mask, the head reshapes)
 _SCORE_PATH = ("Mul", "Div", "Add", "Where", "Reshape", "Transpose")
@@ -244,9 +244,14 @@ class LinearsAsConv(GraphPass):
         cin, t = xshape[-1], int(np.prod(xshape[:-1]))
         name = site.matmul.name or site.output.name
         scaled = channel_scale(x, cin)
-        nodes = [ir.node("Reshape", [scaled[0] if scaled else x, new_initializer(model, f"{name}_nc_shape", np.array([1, t, 1, cin], np.int64))],
+        shifted = None if scaled else position_add(x, t, cin)
+        rows = scaled[0] if scaled else shifted[0] if shifted else x
+        nodes = [ir.node("Reshape", [rows, new_initializer(model, f"{name}_nc_shape", np.array([1, t, 1, cin], np.int64))],
                          name=f"{name}_nc_Reshape")]
         nodes.append(ir.node("Transpose", [nodes[-1].outputs[0]], attributes={"perm": [0, 3, 2, 1]}, name=f"{name}_nc_Transpose"))
+        if shifted:  # the constant added on the [1, Cin, 1, T] view, right before its Q/DQ
+            view = new_initializer(model, f"{name}_nc_position", shifted[1].T.reshape(1, cin, 1, t).astype(np.float32))
+            nodes.append(ir.node("Add", [nodes[-1].outputs[0], view], name=f"{name}_nc_position_Add"))
         if scaled:  # the smoothing as a depthwise 1x1 Conv on the [1, Cin, 1, T] view, right before its Q/DQ (a zero bias:
             # without one RKNN aborts, "Conv bias scale ... is empty", as on _zero_bias's convs)
             s = new_initializer(model, f"{name}_nc_smooth", scaled[1].reshape(cin, 1, 1, 1))
@@ -269,6 +274,29 @@ class LinearsAsConv(GraphPass):
         new_out.shape, new_out.dtype = ir.Shape(oshape), ir.DataType.FLOAT
         model.graph.insert_after(site.bias_add or site.matmul, nodes)
         _replace(site.output, new_out)
+
+
+def position_add(x: ir.Value, t: int, cin: int) -> tuple[ir.Value, np.ndarray] | None:
+    """(its other input, the constant as ``[T, Cin]``) when ``x`` is an ``Add`` of a constant with one value per
+    token and channel (a position embedding) to token rows a Transpose or Reshape made from a conv stage's feature
+    map: DETR's encoder adds its sine position embedding to the flattened backbone features right before the q and
+    k projections. RKNN 2.5.0 segfaults in OpEmit on that ``Add`` between the rows' Transpose and the conv view's
+    (its optimiser cancels the two Transposes and moves the Add across the Reshape), and on it moved back onto the
+    NCHW feature map alike (at the attn·V that follows); added on the conv view's ``[1, Cin, 1, T]`` channels, after
+    the view's Transpose and before its Q/DQ, it compiles (the task zoo's DETR: every compute op on the NPU)."""
+    add = x.producer()
+    if add is None or add.op_type != "Add":
+        return None
+    for i in (0, 1):
+        c = const_array(add.inputs[i])
+        other = add.inputs[1 - i]
+        rows = other.producer() if other is not None else None
+        shape = static_shape(other) if other is not None else None
+        if (c is not None and rows is not None and rows.op_type in ("Transpose", "Reshape") and c.dtype == np.float32
+                and c.size == t * cin and c.shape[-1:] == (cin,) and shape is not None
+                and int(np.prod(shape[:-1])) == t and shape[-1] == cin):
+            return other, c.reshape(t, cin)
+    return None
 
 
 def channel_scale(x: ir.Value, cin: int) -> tuple[ir.Value, np.ndarray] | None:
