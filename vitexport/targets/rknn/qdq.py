@@ -284,19 +284,14 @@ def position_add(x: ir.Value, t: int, cin: int) -> tuple[ir.Value, np.ndarray] |
     (its optimiser cancels the two Transposes and moves the Add across the Reshape), and on it moved back onto the
     NCHW feature map alike (at the attn·V that follows); added on the conv view's ``[1, Cin, 1, T]`` channels, after
     the view's Transpose and before its Q/DQ, it compiles (the task zoo's DETR: every compute op on the NPU)."""
-    add = x.producer()
-    if add is None or add.op_type != "Add":
+    found = _constant_on_rows(x, "Add")
+    if found is None:
         return None
-    for i in (0, 1):
-        c = const_array(add.inputs[i])
-        other = add.inputs[1 - i]
-        rows = other.producer() if other is not None else None
-        shape = static_shape(other) if other is not None else None
-        if (c is not None and rows is not None and rows.op_type in ("Transpose", "Reshape") and c.dtype == np.float32
-                and c.size == t * cin and c.shape[-1:] == (cin,) and shape is not None
-                and int(np.prod(shape[:-1])) == t and shape[-1] == cin):
-            return other, c.reshape(t, cin)
-    return None
+    rows, c = found
+    shape = static_shape(rows)
+    if c.size != t * cin or c.shape[-1:] != (cin,) or shape is None or shape[-1] != cin or int(np.prod(shape[:-1])) != t:
+        return None
+    return rows, c.reshape(t, cin)
 
 
 def channel_scale(x: ir.Value, cin: int) -> tuple[ir.Value, np.ndarray] | None:
@@ -306,16 +301,24 @@ def channel_scale(x: ir.Value, cin: int) -> tuple[ir.Value, np.ndarray] | None:
     it is and moved after the Conv view's Transpose alike (SIGSEGV after "LayoutMatchManager: recursion_depth=3,
     Logic is Dangerous": NextViT's E-MHSA, whose q, k and v read such rows), and compiles the same scaling as a
     float16 depthwise 1x1 Conv on the channels of :class:`LinearsAsConv`'s ``[1, Cin, 1, T]`` view."""
-    mul = x.producer()
-    if mul is None or mul.op_type != "Mul":
+    found = _constant_on_rows(x, "Mul")
+    if found is None or found[1].size != cin or found[1].shape[-1:] != (cin,):
+        return None
+    return found[0], found[1].reshape(-1)
+
+
+def _constant_on_rows(x: ir.Value, op_type: str) -> tuple[ir.Value, np.ndarray] | None:
+    """(the other input, the float32 constant) when ``x`` is ``op_type`` of a constant and token rows a Transpose
+    or Reshape made (a conv stage's feature map turned into tokens)."""
+    node = x.producer()
+    if node is None or node.op_type != op_type:
         return None
     for i in (0, 1):
-        c = const_array(mul.inputs[i])
-        other = mul.inputs[1 - i]
+        c = const_array(node.inputs[i])
+        other = node.inputs[1 - i]
         rows = other.producer() if other is not None else None
-        if (c is not None and rows is not None and rows.op_type in ("Transpose", "Reshape") and c.dtype == np.float32
-                and c.size == cin and c.shape[-1:] == (cin,)):
-            return other, c.reshape(-1)
+        if c is not None and c.dtype == np.float32 and rows is not None and rows.op_type in ("Transpose", "Reshape"):
+            return other, c
     return None
 
 
