@@ -365,7 +365,9 @@ class ExportSpec(_Spec):
     ``einsum_as_matmul`` two-operand einsums as Transpose/Reshape/MatMul. ``gelu_approximation:
     tanh`` replaces exact GELU (``Erf``) by its tanh form; GELU itself moves by up to 5e-4, so the
     model's outputs change slightly and ``parity.export_onnx`` may need loosening. ``align_corners_resize:
-    asymmetric`` rewrites align-corners upsampling by 2 exactly (:mod:`vitexport.export.resize`), after onnxsim.
+    asymmetric`` rewrites align-corners upsampling by 2 exactly (:mod:`vitexport.export.resize`), after onnxsim;
+    ``slice_scatter: concat`` rewrites a ScatterND that overwrites one slice as Slice/Concat
+    (:mod:`vitexport.export.scatter`), after onnxsim.
     """
 
     opset: int = Field(default=17, ge=11, le=23)
@@ -379,6 +381,10 @@ class ExportSpec(_Spec):
         default="keep", description="asymmetric: an align-corners linear Resize by 2 is written as an asymmetric "
                                     "Resize and an exact per-axis correction (depthwise Conv, Mul, Add), for an NPU "
                                     "that runs the align-corners form on its CPU (the target's recipe says which)")
+    slice_scatter: Literal["keep", "concat"] = Field(
+        default="keep", description="concat: a ScatterND that overwrites one contiguous slice (an in-place slice "
+                                    "assignment such as Conditional DETR's box update) is written as Slice and Concat, "
+                                    "for a compiler that runs scatters on its CPU or stalls on them")
     batch_size: int = Field(default=1, ge=1)
     simplify: bool = True
 

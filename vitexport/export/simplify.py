@@ -21,11 +21,13 @@ from ..graph.files import load_model, save_model
 from ..graph.query import const_array, static_shape
 from ..graph.weights import LIFT_MIN_BYTES, reattach, weights_as_inputs
 from ..quiet import captured_output
+from ..recipe import Recipe
 from ..check import CheckTarget, model_violations, run_checker
 from ..results import Data, result
 from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
 from .resize import align_corners_as_asymmetric
+from .scatter import slice_scatter_as_concat
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
 
@@ -182,6 +184,24 @@ def _strip_onnxsim_metadata(model: onnx.ModelProto) -> None:
     model.metadata_props.extend(keep)
 
 
+def _target_rewrites(simplified: ir.Model, recipe: Recipe) -> list[str]:
+    """The recipe's exact rewrites of ops its target runs badly, in place; a note per kind that changed."""
+    notes: list[str] = []
+    lowered = lower_to_allowed_ops(simplified, recipe.contract.allowed_ops)
+    if lowered:
+        notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
+                  for op, k in sorted(lowered.items())]
+    resized = align_corners_as_asymmetric(simplified) if recipe.export.align_corners_resize == "asymmetric" else 0
+    if resized:
+        notes.append(f"{resized} align-corners Resize(s) by 2 written as an asymmetric Resize and an exact per-axis "
+                     "correction (depthwise Conv, Mul, Add; export.align_corners_resize=asymmetric)")
+    scattered = slice_scatter_as_concat(simplified) if recipe.export.slice_scatter == "concat" else 0
+    if scattered:
+        notes.append(f"{scattered} ScatterND node(s) that overwrite one slice written as Slice and Concat "
+                     "(export.slice_scatter=concat)")
+    return notes
+
+
 def simplify_onnx(
     in_path: str | Path,
     out_path: str | Path,
@@ -235,15 +255,9 @@ def simplify_onnx(
         notes.append(f"{wheres} Where node(s) with a constant all-true/all-false condition replaced by their branch")
     if compares := _fold_compare_of_select(simplified):
         notes.append(f"{compares} comparison(s) of a Where(mask, a, b) with a constant replaced by the mask itself")
-    lowered = lower_to_allowed_ops(simplified, recipe.contract.allowed_ops)
-    if lowered:
-        notes += [f"{op} written as {GRAPH_LOWERABLE[op][1]} (not in contract.allowed_ops): {k} node(s)"
-                  for op, k in sorted(lowered.items())]
-    resized = align_corners_as_asymmetric(simplified) if recipe.export.align_corners_resize == "asymmetric" else 0
-    if resized:
-        notes.append(f"{resized} align-corners Resize(s) by 2 written as an asymmetric Resize and an exact per-axis "
-                     "correction (depthwise Conv, Mul, Add; export.align_corners_resize=asymmetric)")
-    if lowered or resized:
+    rewrites = _target_rewrites(simplified, recipe)
+    notes += rewrites
+    if rewrites:
         # the checker again, on the rewritten graph, its large weights held aside as above: a weight
         # still in the input's .data file has no folder to be read from in a proto (swinv2_tiny, 112 MB)
         with weights_as_inputs(simplified) as (proto, _):

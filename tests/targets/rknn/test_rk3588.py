@@ -245,3 +245,33 @@ def test_detrs_position_add_compiles_on_the_linears_conv_views_where_rknn_crashe
     capfd.readouterr()
     assert main([*args, "--out", str(tmp_path / "without")]) == 2
     assert "rknn-toolkit2 crashed (SIGSEGV) in stage build (compiler pass OpEmit)" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_conditional_detrs_box_update_compiles_as_a_concat_where_rknn_stalled(rknn, tmp_path, capfd):
+    """Conditional DETR's box update (``boxes[..., :2] += reference``) exports as a ScatterND; RKNN 2.5.0's graph
+    optimiser ran over 20 minutes on it without finishing. The rk3588 recipe writes it as Slice and Concat
+    (``export.slice_scatter``): exit 0, every op on the NPU. Kept as a ScatterND, the build does not finish in
+    the time the written one takes several times over."""
+    pytest.importorskip("transformers")
+    from test_task_zoo import _cond_detr
+    from vitexport.cli import main
+    from vitexport.graph.files import load_model
+
+    torch.manual_seed(0)
+    model = _cond_detr()
+    model.config.image_size = 64
+    model.save_pretrained(tmp_path / "cdetr")
+    args = ["export", "--model", f"hf:{tmp_path / 'cdetr'}", "--target", "rk3588", "--set", "calibration.num_samples=16",
+            "--set", "parity_data.synthetic_samples=8", "--set", "quantization.measure_latency=false"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0, capfd.readouterr().err[-1500:]
+    ops = {n.op_type for n in load_model(tmp_path / "out" / "model.fp32.onnx").graph}
+    assert "ScatterND" in {n.op_type for n in load_model(tmp_path / "out" / "model.raw.onnx").graph}
+    assert "ScatterND" not in ops
+    runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
+    assert runtime["on_cpu"] == [] and runtime["int8_share"] >= 0.95
+    capfd.readouterr()
+    keep = ["--set", "export.slice_scatter=keep", "--set", "target_options.timeout_s=30"]
+    assert main([*args, *keep, "--out", str(tmp_path / "kept")]) == 2
+    assert "rknn-toolkit2 did not finish within 30 s in stage build" in capfd.readouterr().err
+    assert not (tmp_path / "kept" / "model.rknn").exists()
