@@ -17,6 +17,7 @@ import torch
 
 from ..graph.clean import unused_inputs
 from ..graph.files import load_model, save_model
+from .float64 import float64_as_float32
 
 __all__ = ["restore_inputs", "finish_export"]
 
@@ -45,12 +46,16 @@ def restore_inputs(model: ir.Model, example_inputs: Mapping[str, torch.Tensor]) 
 
 
 def finish_export(path: Path, example_inputs: Mapping[str, torch.Tensor]) -> list[str]:
-    """Rewrite the exporter's file at ``path`` with the model's interface, clean (:func:`save_model`).
+    """Rewrite the exporter's file at ``path`` with the model's interface, clean (:func:`save_model`), its
+    float64 arithmetic in float32 (:func:`float64_as_float32`).
 
     Returns:
-        The notes of :func:`restore_inputs`.
+        The notes of :func:`restore_inputs`, and one where float64 was written in float32.
     """
     model = load_model(path)
     notes = restore_inputs(model, example_inputs)
+    if demoted := float64_as_float32(model):
+        notes.append(f"float64 arithmetic the model traced written in float32 ({demoted} cast(s), constant(s) and "
+                     "initializer(s)): no target computes in float64")
     save_model(model, path)
     return notes
