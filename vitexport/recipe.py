@@ -366,7 +366,8 @@ class ExportSpec(_Spec):
     tanh`` replaces exact GELU (``Erf``) by its tanh form; GELU itself moves by up to 5e-4, so the
     model's outputs change slightly and ``parity.export_onnx`` may need loosening. ``align_corners_resize:
     asymmetric`` rewrites align-corners upsampling by 2 exactly (:mod:`vitexport.export.resize`), after onnxsim;
-    ``slice_scatter: concat`` rewrites a ScatterND that overwrites one slice as Slice/Concat
+    ``fractional_resize: matmul`` rewrites a small linear Resize by a fractional factor as a MatMul
+    (:mod:`vitexport.export.resize_matmul`), after onnxsim; ``slice_scatter: concat`` rewrites a ScatterND that overwrites one slice as Slice/Concat
     (:mod:`vitexport.export.scatter`), after onnxsim.
     """
 
@@ -381,6 +382,10 @@ class ExportSpec(_Spec):
         default="keep", description="asymmetric: an align-corners linear Resize by 2 is written as an asymmetric "
                                     "Resize and an exact per-axis correction (depthwise Conv, Mul, Add), for an NPU "
                                     "that runs the align-corners form on its CPU (the target's recipe says which)")
+    fractional_resize: Literal["keep", "matmul"] = Field(
+        default="keep", description="matmul: a linear Resize by a factor that is neither an integer nor the inverse of "
+                                    "one, on a small map, is written as a MatMul with its constant interpolation "
+                                    "matrix, for an NPU that runs such a Resize on its CPU (UperNet's pyramid pooling)")
     slice_scatter: Literal["keep", "concat"] = Field(
         default="keep", description="concat: a ScatterND that overwrites one contiguous slice (an in-place slice "
                                     "assignment such as Conditional DETR's box update) is written as Slice and Concat, "

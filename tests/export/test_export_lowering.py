@@ -10,7 +10,8 @@ import torch
 from export_helpers import op_counts, run_ort
 
 from vitexport.export import export_onnx, simplify_onnx
-from vitexport.export.lowering import bool_and, bool_or, cumsum_as_matmul, fold_as_conv_transpose, gather_as_matmul
+from vitexport.export.lowering import (adaptive_avg_pool_as_matmul, bool_and, bool_or, cumsum_as_matmul,
+                                       fold_as_conv_transpose, gather_as_matmul)
 from vitexport.targets import build_target, load_recipe
 
 G = torch.Generator().manual_seed(0)
@@ -116,3 +117,40 @@ def test_fold_exports_at_opset_17_without_col2im(tmp_path):
     ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
     assert rep.opset == 17 and "ConvTranspose" in ops and "Col2Im" not in ops
     assert any("F.fold written as a grouped ConvTranspose" in n for n in rep.notes)
+
+
+@pytest.mark.parametrize("size,out", [((2, 2), 3), ((2, 2), 6), ((16, 16), 3), ((16, 16), 6), ((7, 5), (3, 2)),
+                                      ((10, 10), (6, None))])
+def test_adaptive_avg_pool_as_matmul_is_adaptive_avg_pool(size, out):
+    x = torch.randn(2, 4, *size)
+    torch.testing.assert_close(adaptive_avg_pool_as_matmul(x, out), torch.nn.functional.adaptive_avg_pool2d(x, out),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_adaptive_avg_pool_that_divides_is_left_to_the_exporter():
+    assert adaptive_avg_pool_as_matmul(torch.randn(1, 2, 8, 8), 4) is None
+    assert adaptive_avg_pool_as_matmul(torch.randn(1, 2, 8, 6), (1, None)) is None
+
+
+@pytest.mark.parametrize("target", ["orin", "rk3588"])
+def test_pyramid_pooling_exports_as_matmuls_without_gathers(target, tmp_path):
+    """UperNet's pyramid pooling: adaptive pooling of a map to 1, 2, 3 and 6 cells. Where the size does not divide
+    the map's, the exporters wrote index gathers (GatherND, on which RKNN 2.5.0's optimiser looped); the export
+    writes one MatMul with the window matrix, and the file matches torch."""
+    class Pyramid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pools = torch.nn.ModuleList(torch.nn.AdaptiveAvgPool2d(s) for s in (1, 2, 3, 6))
+
+        def forward(self, x):
+            return torch.cat([torch.nn.functional.interpolate(p(x), size=x.shape[-2:], mode="bilinear")
+                              for p in self.pools], 1)
+
+    recipe = load_recipe(target)
+    x = torch.randn(1, 4, 4, 4)
+    rep = export_onnx(Pyramid(), {"x": x}, tmp_path / "m.onnx", recipe.export, contract=recipe.contract)
+    ops = op_counts(tmp_path / "m.onnx")
+    assert not {"GatherND", "Gather", "GatherElements"} & set(ops) and ops.get("MatMul") == 2  # 3 and 6 cells
+    assert rep.rewrites["adaptive_pool_as_matmul"] == 2
+    assert any("adaptive average pooling to a size that does not divide" in n for n in rep.notes)
+    np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", {"x": x.numpy()}), Pyramid()(x).numpy(), atol=1e-5)

@@ -42,6 +42,8 @@ _REWRITE_NOTES = {
     "einsum_kept": "einsum left as an Einsum op (not a batched matrix product): {n} call(s)",
     "gelu_tanh": "GELU written as its tanh approximation with Mul (no Pow): {n} call(s)",
     "fold_as_conv_transpose": "F.fold written as a grouped ConvTranspose (no Col2Im): {n} call(s)",
+    "adaptive_pool_as_matmul": "adaptive average pooling to a size that does not divide the input's written as a "
+                               "MatMul with its constant window matrix (no index gathers): {n} call(s)",
 }
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LOWERABLE", "cumsum_as_matmul", "gather_as_matmul", "bool_and", "bool_or", "fold_as_conv_transpose"]
+__all__ = ["LOWERABLE", "cumsum_as_matmul", "gather_as_matmul", "bool_and", "bool_or", "fold_as_conv_transpose",
+           "adaptive_avg_pool_as_matmul"]
 
 #: ONNX op -> what replaces it, for the export report.
 LOWERABLE: dict[str, str] = {
@@ -97,3 +98,29 @@ def fold_as_conv_transpose(input: torch.Tensor, output_size, kernel_size, dilati
                                                padding=(ph, pw), output_padding=extra, groups=channels,
                                                dilation=(dh, dw))
     return out if batched else out.squeeze(0)
+
+
+def _adaptive_windows(size: int, out: int) -> torch.Tensor:
+    """The (out, size) matrix of adaptive average pooling along one axis: row i averages the inputs
+    ``floor(i·size/out) .. ceil((i+1)·size/out) − 1``, PyTorch's windows."""
+    rows = torch.zeros(out, size, dtype=torch.float64)
+    for i in range(out):
+        start, end = (i * size) // out, -((-(i + 1) * size) // out)
+        rows[i, start:end] = 1.0 / (end - start)
+    return rows
+
+
+def adaptive_avg_pool_as_matmul(input: torch.Tensor, output_size) -> torch.Tensor | None:
+    """``F.adaptive_avg_pool2d`` whose output size does not divide its input's, as one product with a constant:
+    ``reshape(x, (…, H·W)) @ kron(P_h, P_w)ᵀ`` reshaped to ``(…, oh, ow)``, ``P`` each axis's window matrix
+    (:func:`_adaptive_windows`). The exporters write that case as index gathers (the TorchScript one refuses it);
+    RKNN 2.5.0's optimiser looped on UperNet's pyramid pooling in that form. None where every output size divides
+    its input's (an ``AveragePool`` or a mean, as exported)."""
+    h, w = input.shape[-2:]
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    oh, ow = int(h if oh is None else oh), int(w if ow is None else ow)
+    if (h % oh == 0 and w % ow == 0) or not input.is_floating_point():
+        return None
+    kernel = torch.kron(_adaptive_windows(int(h), oh), _adaptive_windows(int(w), ow)).t().to(input.dtype)
+    flat = input.reshape(*input.shape[:-2], int(h) * int(w))
+    return (flat @ kernel.to(input.device)).reshape(*input.shape[:-2], oh, ow)

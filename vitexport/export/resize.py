@@ -22,23 +22,28 @@ import onnx_ir as ir
 from ..graph.query import attr, const_array, static_shape
 from .op_lowering import NodeWriter
 
-__all__ = ["align_corners_as_asymmetric"]
+__all__ = ["align_corners_as_asymmetric", "resize_factors"]
 
 _LINEAR = ("linear", b"linear")
 _ALIGN = ("align_corners", b"align_corners")
 
 
-def _factors(node: ir.Node, shape: tuple[int, ...]) -> list[int] | None:
-    """Integer factor per axis (from ``scales`` or ``sizes``), or None when not constant integers."""
+def resize_factors(node: ir.Node, shape: tuple[int, ...]) -> list[float] | None:
+    """The factor per axis a Resize uses (its constant ``scales``, or ``sizes`` over the input's), None when
+    neither is constant."""
     scales = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
     sizes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     if scales is not None and scales.size == len(shape):
-        f = [float(s) for s in scales.reshape(-1)]
-    elif sizes is not None and sizes.size == len(shape):
-        f = [int(o) / i for o, i in zip(sizes.reshape(-1), shape)]
-    else:
-        return None
-    return [int(v) for v in f] if all(v == int(v) for v in f) else None
+        return [float(s) for s in scales.reshape(-1)]
+    if sizes is not None and sizes.size == len(shape):
+        return [int(o) / i for o, i in zip(sizes.reshape(-1), shape)]
+    return None
+
+
+def _factors(node: ir.Node, shape: tuple[int, ...]) -> list[int] | None:
+    """Integer factor per axis (from ``scales`` or ``sizes``), or None when not constant integers."""
+    f = resize_factors(node, shape)
+    return [int(v) for v in f] if f is not None and all(v == int(v) for v in f) else None
 
 
 def _rewrite(w: NodeWriter) -> bool:

@@ -23,7 +23,8 @@ from ..recipe import ContractSpec, ExportSpec
 from .attention import explicit_attention
 from .einsum import einsum_as_matmul
 from .layernorm import decomposed_layer_norm
-from .lowering import LOWERABLE, bool_and, bool_or, cumsum_as_matmul, fold_as_conv_transpose, gather_as_matmul
+from .lowering import (LOWERABLE, adaptive_avg_pool_as_matmul, bool_and, bool_or, cumsum_as_matmul, fold_as_conv_transpose,
+                       gather_as_matmul)
 
 __all__ = ["ExportRewrites", "tanh_gelu"]
 
@@ -61,6 +62,9 @@ class ExportRewrites(TorchFunctionMode):
         self._handlers[F.gelu] = self._gelu
         # Always: F.fold is Col2Im, which opset 17 lacks and TensorRT 10.3's parser does not import
         self._handlers[F.fold] = self._fold
+        # Always: adaptive pooling by a size that does not divide the input's exports as index gathers (UperNet's
+        # pyramid pooling; RKNN's optimiser looped on them, the TorchScript exporter refuses them)
+        self._handlers[F.adaptive_avg_pool2d] = self._adaptive_avg_pool
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -133,6 +137,13 @@ class ExportRewrites(TorchFunctionMode):
     def _fold(self, input, output_size, kernel_size, dilation=1, padding=0, stride=1):
         self.counts["fold_as_conv_transpose"] += 1
         return fold_as_conv_transpose(input, output_size, kernel_size, dilation, padding, stride)
+
+    def _adaptive_avg_pool(self, input, output_size):
+        out = adaptive_avg_pool_as_matmul(input, output_size)
+        if out is None:
+            return NotImplemented
+        self.counts["adaptive_pool_as_matmul"] += 1
+        return out
 
     def _gelu(self, input, approximate="none"):
         if approximate == "tanh" or self.spec.gelu_approximation == "tanh":

@@ -27,6 +27,7 @@ from ..results import Data, result
 from .contract import raise_violations
 from .op_lowering import GRAPH_LOWERABLE, lower_to_allowed_ops
 from .resize import align_corners_as_asymmetric
+from .resize_matmul import fractional_resize_as_matmul
 from .scatter import slice_scatter_as_concat
 
 __all__ = ["SimplifyReport", "simplify_onnx", "SKIPPED_OPTIMIZERS"]
@@ -195,6 +196,10 @@ def _target_rewrites(simplified: ir.Model, recipe: Recipe) -> list[str]:
     if resized:
         notes.append(f"{resized} align-corners Resize(s) by 2 written as an asymmetric Resize and an exact per-axis "
                      "correction (depthwise Conv, Mul, Add; export.align_corners_resize=asymmetric)")
+    mixed = fractional_resize_as_matmul(simplified) if recipe.export.fractional_resize == "matmul" else 0
+    if mixed:
+        notes.append(f"{mixed} linear Resize(s) by a fractional factor on a small map written as a MatMul with the "
+                     "constant interpolation matrix (export.fractional_resize=matmul)")
     scattered = slice_scatter_as_concat(simplified) if recipe.export.slice_scatter == "concat" else 0
     if scattered:
         notes.append(f"{scattered} ScatterND node(s) that overwrite one slice written as Slice and Concat "

@@ -31,7 +31,7 @@ from ...calibration.feeds import FeedSet
 from ...errors import BadInput
 from ...graph.files import artifact_files, load_model
 from ...graph.macs import MAC_OPS
-from ...graph.query import attr
+from ...graph.query import attr, static_shape
 from ...graph.split import split_integer_prefix
 from ...io import atomic_path
 from ...parity.share import DATA_MOVEMENT, SHARE_KEY, FloatLayer, Int8Share
@@ -194,6 +194,14 @@ def _cpu_why(node: ir.Node | None) -> str:
         return ("RKNN 2.5.0 runs an align-corners Resize on the CPU; export.align_corners_resize=asymmetric (the rk3588 "
                 "recipe's) rewrites only a linear one by 2 on H and W: upsample by 2 steps, or with align_corners=False "
                 "(half_pixel, which RKNN runs on the NPU), in the model")
+    if node is not None and node.op_type == "Resize" and attr(node, "mode", "nearest") in ("linear", b"linear"):
+        sizes = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+        if all(s is not None and len(s) == 4 for s in sizes) and any(
+                o % i and i % o for i, o in zip(sizes[0][2:], sizes[1][2:])):
+            return (f"RKNN 2.5.0 runs a linear Resize by a factor that is neither an integer nor its inverse on the CPU "
+                    f"({'x'.join(map(str, sizes[0][2:]))} to {'x'.join(map(str, sizes[1][2:]))}); "
+                    "export.fractional_resize=matmul (the rk3588 recipe's) writes one on a small map as a MatMul: "
+                    "resize by integer factors in the model")
     return "RKNN placed it on the CPU"
 
 
