@@ -35,16 +35,17 @@ def npy_rows(feeds: Sequence[Mapping[str, np.ndarray]], folder: Path, tag: str) 
 
 
 def wait_for_worker(proc: subprocess.Popen, timeout_s: float, reply_path: Path, on_step: Callable[[str], None],
-                    label: str) -> int | None:
-    """The worker's exit code (None: its process group killed after ``timeout_s``); each step it starts (its
-    reply names the step before running it) is told to ``on_step`` as ``"<label>: <step>"`` within a second."""
+                    label: str, stalled: Callable[[], bool] | None = None) -> int | None:
+    """The worker's exit code (None: its process group killed after ``timeout_s``, or as soon as ``stalled``, asked
+    each second, says it is stuck); each step it starts (its reply names the step before running it) is told to
+    ``on_step`` as ``"<label>: <step>"`` within a second."""
     deadline, said = time.monotonic() + timeout_s, None
     try:
         while True:
             try:
                 return proc.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
             except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or (stalled is not None and stalled()):
                     _kill_group(proc)
                     return None
             try:

@@ -227,3 +227,40 @@ def test_a_gelu_without_its_half_runs_on_the_npu_after_the_layout(rknn, tmp_path
     res = run_rknn(RknnRequest(onnx=after, platform=PLATFORM, config=CONFIG, inputs=feeds), tmp_path / "work")
     assert res.summary.on_cpu == [] and any(r.op_type == "exGelu" for r in res.ops), res.summary.to_dict()
     assert _cos(res.outputs[0], _ort(after, feeds)) > 0.999
+
+
+def test_the_loop_watch_counts_rknns_warning_across_reads(tmp_path):
+    from vitexport.targets.rknn.client import LoopWatch
+
+    log = tmp_path / "rknn.log"
+    line = b"E build: The 'swap_transpose_reshape' rule on the 'node_index_4d' node may fall into an infinite loop!\n"
+    watch = LoopWatch(log, repeats=3)
+    assert not watch()  # no log yet
+    log.write_bytes(line + line[:60])  # the second warning cut where the phrase is
+    assert not watch() and watch.count == 1
+    with open(log, "ab") as f:
+        f.write(line[60:] + b"D     fuse_two_reshape: remove node = ['x']\n")
+    assert not watch() and watch.count == 2
+    with open(log, "ab") as f:
+        f.write(line)
+    assert watch() and watch.count == 3
+
+
+def test_a_worker_stuck_in_the_optimisers_loop_is_stopped_long_before_its_timeout(tmp_path):
+    """RKNN 2.5.0's optimiser warned that a rule "may fall into an infinite loop" 35 582 times in 26 minutes on the
+    task zoo's UperNet and never finished: the client stops the worker once the warning repeats."""
+    import subprocess
+    import sys
+    import time
+
+    from vitexport.targets._worker import wait_for_worker
+    from vitexport.targets.rknn.client import LoopWatch
+
+    log = tmp_path / "rknn.log"
+    says = "E build: The 'swap_transpose_reshape' rule on the 'n' node may fall into an infinite loop!"
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", f"import time\nwhile True:\n print({says!r}, flush=True)\n time.sleep(0.002)"],
+                                stdout=f, start_new_session=True)
+        rc = wait_for_worker(proc, 600, tmp_path / "reply.json", lambda s: None, "rknn-toolkit2", stalled=LoopWatch(log))
+    assert rc is None and proc.returncode is not None and time.monotonic() - t0 < 60

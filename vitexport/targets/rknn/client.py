@@ -168,10 +168,15 @@ def _named_node(onnx_path: Path, error: str) -> str:
         graph = onnx.load(str(onnx_path), load_external_data=False).graph
     except Exception:  # the diagnosis is a courtesy: an unreadable file still gets RKNN's line
         return ""
+    named = {n.name: n for n in graph.node}
+    for q in quoted:
+        if q in named:
+            return f"; node {q} ({named[q].op_type})"
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
-            readers.setdefault(name, []).append(node)
+            if name:  # an optional input left out is named ''
+                readers.setdefault(name, []).append(node)
     for q in quoted:
         known = sorted((v for v in readers if q.startswith(v)), key=len, reverse=True)
         if known:
@@ -180,7 +185,34 @@ def _named_node(onnx_path: Path, error: str) -> str:
     return ""
 
 
-def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx_path: Path) -> BadInput:
+#: how often RKNN may say one of its optimiser's rules "may fall into an infinite loop" before the build is stopped: the
+#: task zoo's UperNet printed it 35 582 times in 26 minutes (about 23 a second) and never finished
+LOOP_REPEATS = 500
+_LOOP_SAYS = b"may fall into an infinite loop"
+
+
+class LoopWatch:
+    """Counts, as RKNN writes its log, the lines where its graph optimiser warns that a rule may loop forever;
+    :meth:`__call__` says whether it has done so :data:`LOOP_REPEATS` times (the build is stuck there)."""
+
+    def __init__(self, log: Path, repeats: int = LOOP_REPEATS):
+        self.log, self.repeats, self.count, self._offset, self._tail = log, repeats, 0, 0, b""
+
+    def __call__(self) -> bool:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return False
+        self._offset += len(chunk)
+        text = self._tail + chunk
+        self.count += text.count(_LOOP_SAYS)
+        self._tail = text[-(len(_LOOP_SAYS) - 1):]  # a phrase cut between two reads (too short to hold a whole one)
+        return self.count >= self.repeats
+
+
+def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx_path: Path, looped: int = 0) -> BadInput:
     """One line: what stopped, where (stage, compiler pass, the node and the rule), RKNN's own words, the log."""
     stage = reply.get("stage") or "startup"
     where = f"in stage {stage}"
@@ -193,7 +225,9 @@ def _failure(reply: dict, rc: int | None, log: Path, timeout_s: float, onnx_path
     said = f": RKNN says {one_line(errors[0], 200)!r}" if errors else ""
     if errors and not hazards:
         said += _named_node(onnx_path, errors[0])
-    if rc is None:
+    if looped:
+        what = f"rknn-toolkit2's graph optimiser looped and was stopped (its warning that a rule may loop forever, {looped} times)"
+    elif rc is None:
         what = f"rknn-toolkit2 did not finish within {timeout_s:.0f} s"
     elif rc < 0:
         what = f"rknn-toolkit2 crashed ({signal.Signals(-rc).name})"
@@ -257,11 +291,12 @@ def run_rknn(req: RknnRequest, work_dir: str | Path, *, timeout_s: float = 600.0
     with open(log, "w") as logf:
         proc = subprocess.Popen([str(py), "-I", str(WORKER), str(path)], stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
-        rc = wait_for_worker(proc, timeout_s, reply_path, on_step, "rknn-toolkit2")
+        looping = LoopWatch(log)
+        rc = wait_for_worker(proc, timeout_s, reply_path, on_step, "rknn-toolkit2", stalled=looping)
     wall = time.perf_counter() - t0
     reply = json.loads(reply_path.read_text()) if reply_path.is_file() else {}
     if rc != 0 or not reply.get("ok"):
-        raise _failure(reply, rc, log, timeout_s, Path(req.onnx))
+        raise _failure(reply, rc, log, timeout_s, Path(req.onnx), looping.count if looping.count >= looping.repeats else 0)
     # RKNN lists a grouped conv as the dense one it computes: the source's group counts say which
     ops = with_groups(parse_op_table(log), _rknn_groups(load_model(req.onnx)))
     outputs = _as_onnx_shapes([np.load(p) for p in reply.get("outputs", [])], Path(req.onnx))
