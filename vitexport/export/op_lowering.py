@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from ..graph.query import attr, const_array, opset_version, static_shape
 
-__all__ = ["GRAPH_LOWERABLE", "lower_to_allowed_ops", "NodeWriter"]
+__all__ = ["GRAPH_LOWERABLE", "lower_to_allowed_ops", "NodeWriter", "rewrite_each"]
 
 #: op -> (the ops its rewrite writes, how the report says it)
 GRAPH_LOWERABLE: dict[str, tuple[frozenset[str], str]] = {
@@ -65,6 +65,16 @@ class NodeWriter:
         out.shape = self.node.outputs[0].shape
         ir.convenience.replace_nodes_and_values(self.model.graph, self.node, [self.node], self.new,
                                                 [self.node.outputs[0]], [out])
+
+
+def rewrite_each(model: ir.Model, op_type: str, rewrite: Callable[[NodeWriter], bool]) -> int:
+    """Run ``rewrite`` on every standard-domain ``op_type`` node of ``model`` (it swaps the node or returns False);
+    returns how many it rewrote."""
+    done = 0
+    for node in list(model.graph):
+        if node.op_type == op_type and node.domain in ("", "ai.onnx") and rewrite(NodeWriter(model, node)):
+            done += 1
+    return done
 
 
 def _axes(node: ir.Node, rank: int, opset: int) -> list[int] | None:

@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph.query import attr, const_array, static_shape
-from .op_lowering import NodeWriter
+from .op_lowering import NodeWriter, rewrite_each
 
 __all__ = ["align_corners_as_asymmetric", "resize_factors"]
 
@@ -83,8 +83,4 @@ def _rewrite(w: NodeWriter) -> bool:
 def align_corners_as_asymmetric(model: ir.Model) -> int:
     """Rewrite, in place, every align-corners linear Resize by 2 (on H, W or both) of a 4-D float tensor with
     constant scales or sizes (module docstring). Returns how many were rewritten."""
-    done = 0
-    for node in list(model.graph):
-        if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and _rewrite(NodeWriter(model, node)):
-            done += 1
-    return done
+    return rewrite_each(model, "Resize", _rewrite)

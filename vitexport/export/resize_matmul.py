@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph.query import attr, static_shape
-from .op_lowering import NodeWriter
+from .op_lowering import NodeWriter, rewrite_each
 from .resize import resize_factors
 
 __all__ = ["MAX_KERNEL", "fractional_resize_as_matmul", "linear_matrix"]
@@ -83,8 +83,4 @@ def _rewrite(w: NodeWriter) -> bool:
 def fractional_resize_as_matmul(model: ir.Model) -> int:
     """Rewrite, in place, every linear Resize by a fractional factor on a small map (module docstring).
     Returns how many were rewritten."""
-    done = 0
-    for node in list(model.graph):
-        if node.op_type == "Resize" and node.domain in ("", "ai.onnx") and _rewrite(NodeWriter(model, node)):
-            done += 1
-    return done
+    return rewrite_each(model, "Resize", _rewrite)

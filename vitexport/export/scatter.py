@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph.query import attr, const_array, static_shape
-from .op_lowering import NodeWriter
+from .op_lowering import NodeWriter, rewrite_each
 
 __all__ = ["slice_scatter_as_concat"]
 
@@ -84,8 +84,4 @@ def _rewrite(w: NodeWriter) -> bool:
 def slice_scatter_as_concat(model: ir.Model) -> int:
     """Rewrite, in place, every ``ScatterND`` whose constant indices write one contiguous slice (module docstring).
     Returns how many were rewritten."""
-    done = 0
-    for node in list(model.graph):
-        if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and _rewrite(NodeWriter(model, node)):
-            done += 1
-    return done
+    return rewrite_each(model, "ScatterND", _rewrite)

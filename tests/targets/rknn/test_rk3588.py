@@ -204,20 +204,30 @@ class _Upsample(torch.nn.Module):
 
 
 @pytest.mark.slow
+def _image_run(build, name: str) -> tuple[LoadedModel, NpzSamples, NpzSamples]:
+    """A small conv model (seeded) on Gaussian 3x32x32 images: 32 to calibrate on, 8 for parity."""
+    torch.manual_seed(0)
+    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
+    model = LoadedModel(build().eval(), {"x": torch.from_numpy(images[:1])}, name, "python", name)
+    return model, NpzSamples({"x": images[:32]}), NpzSamples({"x": images[32:]})
+
+
+def _all_on_the_npu(model, calib, parity, sets: list[str], out, share_min: float) -> None:
+    """The model through rk3588 passes every gate, the simulator's included, with every op on the NPU."""
+    arts = run_pipeline(model, load_target("rk3588", sets), out, calib=calib, parity_data=parity)
+    assert arts.passed and "simulate" in {s.stage for s in arts.parity.stages}
+    runtime = json.loads((out / "manifest.json").read_text())["runtime"]["build_engine"]
+    assert runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"] and runtime["int8_share"] >= share_min
+
+
 def test_an_align_corners_upsampling_runs_on_the_npu_where_rknn_put_it_on_the_cpu(rknn, tmp_path):
     """RKNN 2.5.0 runs an align-corners Resize on the CPU (the cpu_compute_ops gate: exit 1). The rk3588 recipe
     writes it as an asymmetric Resize with an exact correction: every op on the NPU, the simulator gated."""
-    torch.manual_seed(0)
-    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
-    model = LoadedModel(_Upsample().eval(), {"x": torch.from_numpy(images[:1])}, "upsample", "python", "upsample")
-    calib, parity = NpzSamples({"x": images[:32]}), NpzSamples({"x": images[32:]})
+    model, calib, parity = _image_run(_Upsample, "upsample")
     sets = ["quantization.measure_latency=false"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arts = run_pipeline(model, load_target("rk3588", sets), tmp_path / "out", calib=calib, parity_data=parity)
-        assert arts.passed and "simulate" in {s.stage for s in arts.parity.stages}
-        runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
-        assert runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"] and runtime["int8_share"] >= 0.95
+        _all_on_the_npu(model, calib, parity, sets, tmp_path / "out", share_min=0.95)
         # the same model with the Resize as exported: RKNN runs it on the CPU, and the gate says so
         with pytest.raises(ParityFailure, match=r"cpu_compute_ops=1 .*Resize:/model/Resize \(Resize, \S+ on the CPU\); "
                                                 r"why: RKNN 2.5.0 runs an align-corners Resize on the CPU"):
@@ -297,20 +307,14 @@ def test_pyramid_pooling_runs_on_the_npu(rknn, tmp_path, monkeypatch):
     which RKNN 2.5.0's optimiser looped; written as a MatMul it compiles. Bringing those cells back to 16x16 takes
     factors 16/3 and 8/3, which RKNN runs on the CPU; the rk3588 recipe writes them as MatMuls too: every op on
     the NPU. With the Resizes kept, the cpu_compute_ops gate names them and says why."""
-    torch.manual_seed(0)
-    images = np.random.default_rng(0).standard_normal((40, 3, IMG, IMG)).astype(np.float32)
-    model = LoadedModel(_Pyramid().eval(), {"x": torch.from_numpy(images[:1])}, "pyramid", "python", "pyramid")
-    calib, parity = NpzSamples({"x": images[:32]}), NpzSamples({"x": images[32:]})
+    model, calib, parity = _image_run(_Pyramid, "pyramid")
     # at this size RKNN's own float16 convs around the resized maps (its split of the head conv over the Concat)
     # carry a sixth of the MACs (83 % INT8; 76 % with the Resizes kept); the task zoo's UperNet runs 98.5 % INT8.
     # Placement is what is tested.
     sets = ["quantization.measure_latency=false", "parity.build_engine.int8_share_min=0.7"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arts = run_pipeline(model, load_target("rk3588", sets), tmp_path / "out", calib=calib, parity_data=parity)
-        assert arts.passed and "simulate" in {s.stage for s in arts.parity.stages}
-        runtime = json.loads((tmp_path / "out" / "manifest.json").read_text())["runtime"]["build_engine"]
-        assert runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"] and runtime["int8_share"] >= 0.8
+        _all_on_the_npu(model, calib, parity, sets, tmp_path / "out", share_min=0.8)
         with pytest.raises(ParityFailure, match=r"cpu_compute_ops=2 .*why: RKNN 2.5.0 runs a linear Resize by a factor "
                                                 r"that is neither an integer nor its inverse on the CPU \(3x3 to 16x16\)"):
             run_pipeline(model, load_target("rk3588", [*sets, "export.fractional_resize=keep"]), tmp_path / "kept",
