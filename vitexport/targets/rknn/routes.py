@@ -24,6 +24,7 @@ import onnx_ir as ir
 from ...graph.files import load_model, save_model
 from ...graph.passes import GraphPass
 from .client import RknnQuantization
+from .crash import CrashForms
 from .graph import (
     CollapseTransposes, FullShapeMasks, HalvedGelus, Hazard, PaddedAvgPools, activation_zp_dtype, patch_convs, rknn_hazards, strided_convs,
 )
@@ -123,8 +124,18 @@ def float_cpu_quantizes(path: Path, quantizes: set[str], layout: dict) -> int:
     """The laid-out file at ``path`` without the Q/DQ pairs whose QuantizeLinear RKNN placed on the CPU
     (:class:`~.qdq.CpuQuantizesInFloat`), rewritten in place; ``layout`` (the layout passes' report)
     gains the pass's count and reasons. Returns how many pairs came off."""
+    return _rewrite_laid_out(path, CpuQuantizesInFloat(quantizes), layout)
+
+
+def crash_forms(path: Path, layout: dict) -> int:
+    """The laid-out file at ``path`` in the forms RKNN 2.5.0 compiled where it crashed (:class:`~.crash.CrashForms`),
+    rewritten in place; ``layout`` gains the pass's count and reasons. Returns how many nodes changed."""
+    return _rewrite_laid_out(path, CrashForms(), layout)
+
+
+def _rewrite_laid_out(path: Path, graph_pass: GraphPass, layout: dict) -> int:
     model = load_model(path)
-    report = _apply(model, [CpuQuantizesInFloat(quantizes)])
+    report = _apply(model, [graph_pass])
     layout["skipped"].update(report.pop("skipped"))
     layout.update(report)
     save_model(model, path)

@@ -18,6 +18,7 @@ A failed compile is a :class:`~vitexport.errors.BadInput` (exit 2) naming the no
 """
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,7 +45,7 @@ from ...stages.base import FP32_ONNX, INT8_ONNX, Contribution, RunContext, Stage
 from .client import RknnRequest, RknnResult, require_rknn, run_rknn
 from .graph import rknn_hazards
 from .log import OpRow
-from .routes import Route, float_cpu_quantizes, rknn_input, route_quantization
+from .routes import Route, crash_forms, float_cpu_quantizes, rknn_input, route_quantization
 from .._base import TargetOptions
 
 __all__ = ["BUILD_ENGINE", "SIMULATE", "CompileRknnStage", "SimulateRknnStage", "Rk3588Options", "RknnTarget", "RKNN", "RKNN_MODEL", "RKNN_ONNX",
@@ -168,6 +169,10 @@ def _notes(report: dict) -> list[str]:
         line += f"; GEMM/Conv in float16: {', '.join(fp16[:3])}{f' (+{len(fp16) - 3} more)' if len(fp16) > 3 else ''}"
     lines = [line, f"compiled in {report['compile_seconds']:.1f} s; the simulator ran "
                    f"{report['simulator_ms_per_sample']:.1f} ms per sample"]
+    if report["layout"].get("rknn_crash_forms"):
+        lines.append(f"RKNN 2.5.0 crashed on the file as laid out; compiled again with {report['layout']['rknn_crash_forms']} "
+                     "node(s) in the forms it compiled where files like this one crashed it (rknn_crash_forms: a float16 "
+                     "identity after a float attention's feature map, x + DWConv(x) adding the Q/DQ'd x)")
     host = report.get("host")
     if host:
         lines.append(f"{host['file']} runs the integer inputs' prefix on the host before model.rknn "
@@ -222,6 +227,24 @@ def rknn_share(res: RknnResult, route: str, layout: dict, compiled: Path, hints:
                      compute, moves, hints)
 
 
+def _crash_forms_once(crash: BadInput, route: str, laid_out: Path, layout: dict, say: Callable[[str], None]) -> bool:
+    """After RKNN crashed on the laid-out file: True where the file was rewritten, once, in the forms RKNN compiled
+    where files like it crashed (:class:`~.crash.CrashForms`), to be compiled again. A crash after them says so."""
+    signal_name = re.search(r"crashed \((SIG\w+)\)", str(crash))
+    if route != "qdq" or signal_name is None:
+        return False
+    if "rknn_crash_forms" in layout:
+        if layout["rknn_crash_forms"]:
+            crash.args = (f"{crash}; it crashed again after {layout['rknn_crash_forms']} node(s) were rewritten in the "
+                          "forms RKNN compiled where files like this one crashed it (rknn_crash_forms)",)
+        return False
+    if not crash_forms(laid_out, layout):
+        return False
+    say(f"RKNN crashed ({signal_name.group(1)}): compiling again with {layout['rknn_crash_forms']} node(s) in the forms "
+        "it compiled where files like this one crashed it")
+    return True
+
+
 class CompileRknnStage:
     """The route's ONNX file → ``model.rknn`` (rknn-toolkit2 in its worker), the simulator's outputs
     on the parity inputs recorded by the same call; gated on the file RKNN compiled. Where RKNN's op table
@@ -258,7 +281,12 @@ class CompileRknnStage:
                 req = RknnRequest(onnx=npu_onnx, platform=t.platform, config=t.rknn_config, rknn=work / RKNN_MODEL,
                                   quantization=route_quantization(route, [to_npu(f) for f in calib], ctx.out_dir / "calibration.json"),
                                   inputs=[to_npu(f) for f in ctx.reference.feeds])
-                res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
+                try:
+                    res = _compile(req, work / "worker", ctx.out_dir, t.options.timeout_s, ctx.say)  # its step on the heartbeat
+                except BadInput as crash:
+                    if _crash_forms_once(crash, route, work / RKNN_ONNX, layout, ctx.say):
+                        continue
+                    raise
                 # a quantization RKNN converts on the CPU: once, its Q/DQ off and compiled again
                 on_cpu = cpu_conversions(res) if route == "qdq" and "rknn_cpu_quantizes_in_float" not in layout else set()
                 off = float_cpu_quantizes(work / RKNN_ONNX, on_cpu, layout) if on_cpu else 0
