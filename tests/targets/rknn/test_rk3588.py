@@ -220,6 +220,12 @@ def _all_on_the_npu(model, calib, parity, sets: list[str], out, share_min: float
     assert runtime["on_cpu"] == [] and runtime["on_npu"] == runtime["ops"] and runtime["int8_share"] >= share_min
 
 
+def _kept_on_the_cpu(model, calib, parity, sets: list[str], out, says: str) -> None:
+    """With the recipe's rewrite off, RKNN runs the op on the CPU and the cpu_compute_ops gate names it."""
+    with pytest.raises(ParityFailure, match=says):
+        run_pipeline(model, load_target("rk3588", sets), out, calib=calib, parity_data=parity)
+
+
 def test_an_align_corners_upsampling_runs_on_the_npu_where_rknn_put_it_on_the_cpu(rknn, tmp_path):
     """RKNN 2.5.0 runs an align-corners Resize on the CPU (the cpu_compute_ops gate: exit 1). The rk3588 recipe
     writes it as an asymmetric Resize with an exact correction: every op on the NPU, the simulator gated."""
@@ -229,10 +235,9 @@ def test_an_align_corners_upsampling_runs_on_the_npu_where_rknn_put_it_on_the_cp
         warnings.simplefilter("ignore")
         _all_on_the_npu(model, calib, parity, sets, tmp_path / "out", share_min=0.95)
         # the same model with the Resize as exported: RKNN runs it on the CPU, and the gate says so
-        with pytest.raises(ParityFailure, match=r"cpu_compute_ops=1 .*Resize:/model/Resize \(Resize, \S+ on the CPU\); "
-                                                r"why: RKNN 2.5.0 runs an align-corners Resize on the CPU"):
-            run_pipeline(model, load_target("rk3588", [*sets, "export.align_corners_resize=keep"]), tmp_path / "kept",
-                         calib=calib, parity_data=parity)
+        _kept_on_the_cpu(model, calib, parity, [*sets, "export.align_corners_resize=keep"], tmp_path / "kept",
+                         r"cpu_compute_ops=1 .*Resize:/model/Resize \(Resize, \S+ on the CPU\); "
+                         r"why: RKNN 2.5.0 runs an align-corners Resize on the CPU")
 
 
 @pytest.mark.slow
@@ -315,10 +320,9 @@ def test_pyramid_pooling_runs_on_the_npu(rknn, tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _all_on_the_npu(model, calib, parity, sets, tmp_path / "out", share_min=0.8)
-        with pytest.raises(ParityFailure, match=r"cpu_compute_ops=2 .*why: RKNN 2.5.0 runs a linear Resize by a factor "
-                                                r"that is neither an integer nor its inverse on the CPU \(3x3 to 16x16\)"):
-            run_pipeline(model, load_target("rk3588", [*sets, "export.fractional_resize=keep"]), tmp_path / "kept",
-                         calib=calib, parity_data=parity)
+        _kept_on_the_cpu(model, calib, parity, [*sets, "export.fractional_resize=keep"], tmp_path / "kept",
+                         r"cpu_compute_ops=2 .*why: RKNN 2.5.0 runs a linear Resize by a factor "
+                         r"that is neither an integer nor its inverse on the CPU \(3x3 to 16x16\)")
         # the adaptive pooling as the exporter writes it (index gathers and Transposes): RKNN's optimiser warns that
         # a rule may loop forever on them, then aborts (on the zoo's UperNet it looped until stopped)
         monkeypatch.setattr("vitexport.export.rewrites.adaptive_avg_pool_as_matmul", lambda x, size: None)
