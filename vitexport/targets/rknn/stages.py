@@ -249,7 +249,9 @@ class CompileRknnStage:
     """The route's ONNX file → ``model.rknn`` (rknn-toolkit2 in its worker), the simulator's outputs
     on the parity inputs recorded by the same call; gated on the file RKNN compiled. Where RKNN's op table
     puts a quantization on the CPU (route ``qdq``), that Q/DQ comes off and RKNN compiles once more
-    (:class:`~.qdq.CpuQuantizesInFloat`): the layout learns from the compiler what no rule predicted.
+    (:class:`~.qdq.CpuQuantizesInFloat`): the layout learns from the compiler what no rule predicted. Where RKNN
+    crashes on the file, it is rewritten once in the forms RKNN compiled where files like it crashed
+    (:class:`~.crash.CrashForms`) and compiled again.
 
     Never resumed across toolchain changes: the key names the route, the platform and RKNN's config.
     """
