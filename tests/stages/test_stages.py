@@ -74,7 +74,8 @@ import torch.nn.functional as F
 
 
 class Sampler(torch.nn.Module):
-    """Samples its input on a grid computed in float64, as Mask2Former's deformable attention does."""
+    """Samples its input in float64 on a grid computed in float64, and returns float64: an interface the export
+    keeps (float64 between float32 inputs and outputs, as in Mask2Former, is written in float32)."""
 
     def __init__(self):
         super().__init__()
@@ -83,7 +84,7 @@ class Sampler(torch.nn.Module):
     def forward(self, x):
         h = self.proj(x)
         grid = torch.tanh(h[:, :2].permute(0, 2, 3, 1)).double()
-        return F.grid_sample(h.double(), grid, align_corners=False).float().mean((2, 3))
+        return F.grid_sample(h.double(), grid, align_corners=False).mean((2, 3))
 
 
 def build():
