@@ -6,6 +6,7 @@ import pytest
 
 from vitexport.recipe import CalibrationMethod as M
 from vitexport.calibration import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, make_observer
+from vitexport.calibration.observers import RowSampler
 
 
 def _batches(seed=0, n=6):
@@ -105,3 +106,15 @@ def test_channel_absmax():
     ob.update(np.array([[[1.0, -5.0, 2.0]]], np.float32))
     ob.update(np.array([[[-3.0, 1.0, 0.5]]], np.float32))
     np.testing.assert_array_equal(ob.amax, [3.0, 5.0, 2.0])
+
+
+def test_a_larger_row_sample_holds_the_smaller_one_with_its_seed():
+    rng = np.random.default_rng(3)
+    small, large = RowSampler(64, seed=7), RowSampler(512, seed=7)
+    for n in (40, 300, 17, 900):  # batches of every size, so rows are dropped along the way
+        batch = rng.standard_normal((n, 8)).astype(np.float32)
+        small.update(batch)
+        large.update(batch)
+    assert len(large.rows) == 512 and large.seen == 1257
+    np.testing.assert_array_equal(large.subsample(64), small.rows)
+    assert large.subsample(4096) is large.rows

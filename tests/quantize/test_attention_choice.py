@@ -32,7 +32,9 @@ def _vit(tmp_path, patch: int, peak: float):
 @pytest.mark.parametrize("patch,peak,expect_float", [(8, 0.1, False), (4, 5.0, True)])
 def test_attn_v_goes_float_only_where_it_hurts(tmp_path, patch, peak, expect_float):
     path, calib = _vit(tmp_path, patch, peak)
-    rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin"), tmp_path / "w")
+    # the premise (the heads' errors above) is measured with weights rounded to nearest; GPTQ moves the other errors
+    rep = quantize_int8(path, tmp_path / "m.onnx", calib, target("orin", "quantization.weight_rounding=nearest"),
+                        tmp_path / "w")
     att = rep.attention
     assert att["pv"] == 2 and att["qk"] == 2
     assert bool(att["pv_float"]) == expect_float

@@ -251,6 +251,15 @@ class RowSampler:
             rows, keys = rows[keep], keys[keep]
         self.rows, self.keys = np.ascontiguousarray(rows), keys
 
+    def subsample(self, n: int) -> np.ndarray | None:
+        """The rows a sampler of ``n`` rows with this seed would have kept (the ``n`` smallest keys), in
+        stream order: one pass serves a larger sample and the smaller one within it."""
+        if self.rows is None or len(self.rows) <= n:
+            return self.rows
+        keep = np.argpartition(self.keys, n)[:n]
+        keep.sort()
+        return self.rows[keep]
+
 
 def make_observer(method: CalibrationMethod, num_bins: int = 2048) -> HistogramObserver | MinMaxObserver:
     """The smallest observer that can answer ``method``."""

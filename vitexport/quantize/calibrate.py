@@ -31,7 +31,7 @@ from ..graph.query import attr, static_shape
 from ..recipe import CalibrationMethod, Recipe
 from .convert import INT8_MAX, MIN_SCALE
 from .precision import FP16_MIN_SCALE
-from .rounding import gptq_round
+from .rounding import GPTQ_BUDGET_MACS, GPTQ_ROWS_PER_INPUT, gptq_cost, gptq_round
 from .search import ALPHAS, QuantArith, bias_shift, correction_and_split, search_alpha, search_range
 from .smooth import SiteKind, SmoothPass, SmoothSite, compute_factors, find_sites, site_weights, weight_in_out
 from .annotate import attention_role
@@ -41,7 +41,8 @@ from .spec import NodeKind, NodeSpec, QuantPlan
 if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target, it reads the protocol
     from .target import QuantizeTarget as Target
 
-__all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax"]
+__all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax",
+           "weight_rounding"]
 
 log = logging.getLogger("vitexport.quantize")
 
@@ -87,6 +88,7 @@ def table_settings(recipe: Recipe, target: Target, holdout: int) -> dict[str, An
                       + ([] if target.insert_after_attention else ["no_attention_insert"])
                       + ([] if target.equalise_depthwise else ["no_depthwise_insert"])) if q.smooth else None,
         "bias_correction": q.bias_correction, "search_rows": q.search_rows, "weight_rounding": q.weight_rounding,
+        **({"gptq": [q.gptq_rows, q.gptq_damp]} if q.weight_rounding != "nearest" else {}),
         "quantize_attention_matmuls": [q.quantize_attention_matmuls, q.quantize_attention_pv],
     }
 
@@ -99,6 +101,26 @@ def arith_of(target: Target) -> QuantArith:
 
 def _linears(plan: QuantPlan) -> list[NodeSpec]:
     return [n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None]
+
+
+def weight_rounding(model: ir.Model, plan: QuantPlan, recipe: Recipe) -> tuple[str, str]:
+    """How integer weights are rounded (``nearest`` or ``gptq``) and why, ``weight_rounding: auto`` resolved by
+    GPTQ's arithmetic on the plan's Linears (:func:`~.rounding.gptq_cost`) against :data:`~.rounding.GPTQ_BUDGET_MACS`."""
+    q = recipe.quantization
+    if q.weight_rounding != "auto":
+        return q.weight_rounding, f"quantization.weight_rounding: {q.weight_rounding}"
+    inits, nodes = model.graph.initializers, {n.name: n for n in model.graph}
+    widths = []
+    for spec in _linears(plan):
+        w, node = inits.get(spec.weight.initializer), nodes.get(spec.node)
+        shape = w.const_value.shape if w is not None and w.const_value is not None else None
+        if node is not None and shape is not None and len(shape) >= 2:
+            gemm = node.op_type == "Gemm"
+            widths.append(int(shape[1 if attr(node, "transB", 0) else 0] if gemm else shape[-2]))
+    cost = gptq_cost(widths, q.gptq_rows)
+    mode = "gptq" if 0 < cost <= GPTQ_BUDGET_MACS else "nearest"
+    return mode, (f"weight_rounding auto: {mode} (GPTQ on {len(widths)} Linear(s) costs {cost / 1e9:.0f} G "
+                  f"multiply-accumulates, budget {GPTQ_BUDGET_MACS / 1e9:.0f} G)")
 
 
 def _convs(model: ir.Model, plan: QuantPlan) -> list[NodeSpec]:
@@ -208,13 +230,18 @@ class _Stats:
     rows: dict[str, np.ndarray]
     thin: list[str] = field(default_factory=list)  # tensors seen too little to act on
     few_rows: set[str] = field(default_factory=set)  # enough images, fewer than MIN_STAT_ROWS rows
+    fit: dict[str, np.ndarray] = field(default_factory=dict)  # GPTQ's rows (gptq_rows), where it rounds
 
 
-def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile) -> _Stats:
+def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile,
+                fit_rows: int = 0) -> _Stats:
+    """Channel maxima and sampled rows of every Linear / conv input; ``fit_rows``: GPTQ's rows besides
+    (the searches take ``search_rows`` of them)."""
     cal, q = recipe.calibration, recipe.quantization
     convs = {n.acts[0].tensor for n in _convs(model, plan)}
     tensors = list(dict.fromkeys(n.acts[0].tensor for n in [*_linears(plan), *_convs(model, plan)]))
-    obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
+    keep = max(q.search_rows, fit_rows)
+    obs = {t: [ChannelAbsMaxObserver(), RowSampler(keep, seed=cal.seed + i)] for i, t in enumerate(tensors)}
     fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else obs[t] for t in tensors}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     with prof.step("calibration"):
@@ -222,7 +249,8 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
                     budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
-    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok), few)
+    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].subsample(q.search_rows) for t in ok},
+                  sorted(set(obs) - ok), few, {t: obs[t][1].rows for t in ok} if fit_rows else {})
 
 
 def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
@@ -284,9 +312,10 @@ def _candidates(ob: HistogramObserver, percentile: float) -> dict[str, dict[str,
     return out
 
 
-def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[str, np.ndarray], pre_plan: QuantPlan,
-                arith: QuantArith) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int | None, np.ndarray | None]]]]:
-    """Activation tensor (after smoothing) → (its sampled rows, [(Linear node, (C, C_out) weight,
+def _row_inputs(model: ir.Model, plan: QuantPlan, sampled: dict[str, np.ndarray], factors: dict[str, np.ndarray],
+                pre_plan: QuantPlan, arith: QuantArith
+                ) -> dict[str, tuple[np.ndarray, list[tuple[str, np.ndarray, str, int | None, np.ndarray | None]]]]:
+    """Activation tensor (after smoothing) → (its ``sampled`` rows, [(Linear node, (C, C_out) weight,
     weight initializer, its input-channel axis (None: a conv's), the fake-quantized weight where it is
     not the matrix's own rounding (a k×k or grouped conv's summed taps, :func:`_conv_matrix`))])."""
     pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
@@ -295,7 +324,7 @@ def _row_inputs(model: ir.Model, plan: QuantPlan, stats: _Stats, factors: dict[s
     nodes = {n.name: n for n in model.graph}
     pre.update({n.node: n.acts[0].tensor for n in _convs(model, pre_plan)})
     for spec in [*_linears(plan), *_convs(model, plan)]:
-        rows = stats.rows.get(pre.get(spec.node, ""))
+        rows = sampled.get(pre.get(spec.node, ""))
         if rows is None:
             continue
         s = factors.get(spec.node)
@@ -381,9 +410,11 @@ def _choose_ranges(model: ir.Model, target: Target, tensors: list[str], observer
     res.table.choices["range"] = chosen
 
 
-def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rounding: str) -> None:
-    """Weight rounding (``gptq``: :mod:`.rounding`), bias corrections (when ``correct``), and where the
-    Linears' INT8 error comes from (for the report)."""
+def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rounding: str, fit: dict,
+          damp: float, strict: bool) -> None:
+    """Weight rounding (``gptq``: :mod:`.rounding`, on ``fit``'s rows; unless ``strict``, only on a Linear with
+    :data:`~.rounding.GPTQ_ROWS_PER_INPUT` rows per input channel), bias corrections (when ``correct``), and where
+    the Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
     for t, (x, linears) in rows.items():
@@ -392,8 +423,10 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
             continue
         for node, w, init, in_axis, wq in linears:
             summed = wq is not None  # a k×k or grouped conv's taps, each rounded before the sum
-            if not summed and in_axis is not None and rounding == "gptq" and init not in res.rounded:
-                wq = _gptq(x, w, init, in_axis, arith, res)
+            xf = fit.get(t, (x,))[0]
+            enough = strict or len(xf) >= GPTQ_ROWS_PER_INPUT * w.shape[0]
+            if not summed and in_axis is not None and rounding == "gptq" and enough and init not in res.rounded:
+                wq = _gptq(xf, w, init, in_axis, arith, res, damp)
             elif not summed and in_axis is not None and init in res.rounded:
                 q, scale = res.rounded[init]
                 wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
@@ -411,12 +444,12 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
 
 
-def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: CalibrationResult) -> np.ndarray:
+def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: CalibrationResult, damp: float) -> np.ndarray:
     """GPTQ integer weights of one Linear, kept in ``res.rounded`` in the initializer's layout; returns the
     fake-quantized (C_in, C_out) weight."""
     amax = np.abs(w).max(axis=0) if arith.per_channel else np.full(w.shape[1], np.abs(w).max())
     scale = np.maximum(amax / arith.qmax, 1e-8).astype(np.float32)
-    q = gptq_round(x, w, scale, arith.qmax)
+    q = gptq_round(x, w, scale, arith.qmax, damp)
     res.rounded[init] = (q if in_axis == 0 else np.ascontiguousarray(q.T), scale if arith.per_channel else scale[:1].reshape(()))
     return q.astype(np.float32) * scale.reshape(1, -1)
 
@@ -438,16 +471,19 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     res = CalibrationResult(table, plan)
     needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
     has_rows = _linears(plan) or _convs(model, plan)
-    stats = _statistics(model, plan, samples, recipe, prof) if needs_stats and has_rows else _Stats({}, {})
+    rounding, _ = weight_rounding(model, plan, recipe)
+    fit_rows = q.gptq_rows if rounding == "gptq" else 0
+    stats = _statistics(model, plan, samples, recipe, prof, fit_rows) if needs_stats and has_rows else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
     if q.smooth:
         with prof.step("smoothing_search"):
             factors = _smooth(model, target, plan, stats, recipe, res)
             res.plan = target.annotate(model)
-    rows = _row_inputs(model, res.plan, stats, factors, plan, arith_of(target))
+    rows = _row_inputs(model, res.plan, stats.rows, factors, plan, arith_of(target))
+    fit = _row_inputs(model, res.plan, stats.fit, factors, plan, arith_of(target)) if stats.fit else {}
     _ranges(model, target, res.plan, samples, recipe, rows, res, prof, keep_outputs)
     with prof.step("range_search"):
-        _bias(target, rows, res, q.bias_correction, q.weight_rounding)
+        _bias(target, rows, res, q.bias_correction, rounding, fit, q.gptq_damp, strict=q.weight_rounding == "gptq")
     _keep_zero_ranges_float(res, target)
     return res
 

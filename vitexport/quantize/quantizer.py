@@ -24,8 +24,9 @@ from ..io import sha256_file
 from ..memory import bounded_heap
 from ..recipe import Recipe
 from .annotate import attention_role
-from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings
+from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings, weight_rounding
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
+from .rounding import GPTQ_ROWS_PER_INPUT
 from .fallback import FallbackResult, output_ranked, rank_output_error, rank_sensitivity, search_fallback
 from .judge import Judge, Verdict
 from .precision import Float16Islands, precision_summary, to_opset
@@ -129,7 +130,8 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
            "settings": table_settings(recipe, target, holdout)}
     path = work_dir / "calibration.json"
     # a GPTQ table's integer weights are not in calibration.json: such a table is made afresh
-    reusable = cal.reuse and recipe.quantization.weight_rounding == "nearest"
+    rounding, why = weight_rounding(model, plan, recipe)
+    reusable = cal.reuse and rounding == "nearest"
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe, prof, keep_outputs)
@@ -139,6 +141,11 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
                                                         on_run=prof.ran)
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
+    if rounding == "gptq":
+        why += f"; {len(res.rounded)} Linear(s) rounded with GPTQ" + (
+            "" if recipe.quantization.weight_rounding == "gptq" else
+            f", the others to nearest (fewer than {GPTQ_ROWS_PER_INPUT:g} calibration rows per input channel)")
+    report.notes.append(why)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
     report.smoothed, report.smooth_skipped = res.smoothed, dict(res.smooth_skipped)
     report.skipped_nodes = dict(res.plan.skipped)
