@@ -119,7 +119,7 @@ def weight_rounding(model: ir.Model, plan: QuantPlan, recipe: Recipe) -> tuple[s
             widths.append(int(shape[1 if attr(node, "transB", 0) else 0] if gemm else shape[-2]))
     cost = gptq_cost(widths, q.gptq_rows)
     mode = "gptq" if 0 < cost <= GPTQ_BUDGET_MACS else "nearest"
-    return mode, (f"weight_rounding auto: {mode} (GPTQ on {len(widths)} Linear(s) costs {cost / 1e9:.0f} G "
+    return mode, (f"weight_rounding auto: {mode} (GPTQ on {len(widths)} Linear(s) costs {cost / 1e9:.3g} G "
                   f"multiply-accumulates, budget {GPTQ_BUDGET_MACS / 1e9:.0f} G)")
 
 
