@@ -118,3 +118,33 @@ def test_a_larger_row_sample_holds_the_smaller_one_with_its_seed():
     assert len(large.rows) == 512 and large.seen == 1257
     np.testing.assert_array_equal(large.subsample(64), small.rows)
     assert large.subsample(4096) is large.rows
+
+
+def test_row_sample_is_the_rows_with_the_smallest_keys_of_the_whole_stream():
+    """Priority sampling, checked against its definition: the kept rows are, in stream order, those whose
+    keys (the sampler's own seeded draw, one per row) are the ``max_rows`` smallest of every row offered;
+    a full sampler passing over a batch whose keys cannot enter changes nothing."""
+    rng = np.random.default_rng(5)
+    batches = [rng.standard_normal((n, 6)).astype(np.float32) for n in (300, 1, 77, 512, 3, 260)]
+    sampler = RowSampler(128, seed=11)
+    for b in batches:
+        sampler.update(b)
+    rows = np.concatenate(batches)
+    keys = np.random.default_rng(11).random(len(rows))  # the sampler's stream: one key per row, in order
+    keep = np.sort(np.argsort(keys)[:128])
+    np.testing.assert_array_equal(sampler.rows, rows[keep])
+    np.testing.assert_array_equal(sampler.keys, keys[keep])
+    assert sampler.seen == len(rows)
+
+
+def test_histogram_bins_every_value_where_its_definition_puts_it():
+    """Each value x of a range-R histogram lands in bin ⌊(x + R)·n₂ / 2R⌋, the maximum in the last bin."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(10_000) * 3).astype(np.float32)
+    ob = HistogramObserver(num_bins=64)
+    ob.update(x)
+    n2, r = 128, float(np.abs(x).max())
+    want = np.bincount(np.minimum(((x + np.float32(r)) * np.float32(n2 / (2 * r))).astype(np.int64), n2 - 1),
+                       minlength=n2)
+    np.testing.assert_array_equal(ob.counts, want)
+    assert ob.counts.sum() == x.size

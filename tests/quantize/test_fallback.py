@@ -10,7 +10,7 @@ from qcases import target
 from qgraph import dq_fed, load
 from vitexport.calibration.feeds import FeedSet, split_samples
 from vitexport.runners import OnnxRuntimeRunner
-from vitexport.runners.sessions import LOW_MEMORY, Session
+from vitexport.runners.sessions import CALIBRATION, Session
 from vitexport.parity.metrics import compare
 from vitexport.quantize import GateInfo, quantize_int8
 from vitexport.quantize.fallback import search_fallback
@@ -57,7 +57,7 @@ def test_fallback_verdict_equals_the_gate_on_the_written_file(outlier_vit, tmp_p
     rep = quantize_int8(outlier_vit.path, out, outlier_vit.calib, r, tmp_path)
     _, select = split_samples(outlier_vit.calib, r.recipe.quantization.fallback.eval_samples)
     feeds = FeedSet(select, 1)
-    float_sess = Session(outlier_vit.path, LOW_MEMORY)
+    float_sess = Session(outlier_vit.path, CALIBRATION)  # the judge's float reference, as it runs
     ref = np.concatenate([float_sess.run(None, f)[0] for f in feeds])
     with OnnxRuntimeRunner(out, config=r.gate_config) as runner:
         got = np.concatenate([runner.infer(f)["output"] for f in feeds])

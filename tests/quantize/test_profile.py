@@ -47,6 +47,23 @@ def test_quantize_reports_every_step_and_reuses_the_calibration_pass_for_the_jud
     assert any(line.split()[1] == "calibration" for line in lines)
 
 
+def test_a_model_over_the_compute_cap_runs_the_statistics_pass_on_fewer_samples(vit17, tmp_path, monkeypatch):
+    import vitexport.quantize.calibrate as calibrate
+
+    assert calibrate.statistics_size(64, int(17.5e9)) == calibrate.MIN_STAT_SAMPLES  # ViT-B/16 at 224
+    assert calibrate.statistics_size(64, int(4.6e9)) == calibrate.statistics_size(64, 0) == 64  # ViT-S/16; unknown
+    monkeypatch.setattr(calibrate, "_STAT_MACS", 1.0)  # this small ViT as costly as a large one
+    rep = quantize_int8(vit17.path, tmp_path / "m.onnx", vit17.calib, target("orin", "quantization.measure_latency=false"),
+                        tmp_path)
+    calib_part = len(vit17.calib) - 12
+    assert calib_part > calibrate.MIN_STAT_SAMPLES
+    # statistics pass on the cap's 32 samples (not all 36 the default 64 allows), then the ranges and float16 passes
+    assert rep.profile["steps"]["calibration"]["samples"] == calibrate.MIN_STAT_SAMPLES + calib_part + 16
+    assert any(n.startswith(f"statistics (smoothing factors, search rows) from the first {calibrate.MIN_STAT_SAMPLES} ")
+               for n in rep.notes)
+    assert rep.smoothed > 0
+
+
 def test_manifest_and_reports_carry_the_profile(tiny_vit_file, tmp_path):
     model, tgt, calib, parity, _ = prepare(f"python:{tiny_vit_file}:build_with_inputs", "orin",
                                            overrides=("calibration.num_samples=16", "parity_data.synthetic_samples=8",

@@ -5,9 +5,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vitexport.runners.sessions import LOW_MEMORY, QDQ_AS_FLOAT, TIMING, Session
+from vitexport.runners.sessions import CALIBRATION, LOW_MEMORY, QDQ_AS_FLOAT, TIMING, Session
 from vitexport.graph import load_model, save_model
 
 
@@ -38,6 +39,24 @@ def test_ir_model_weights_are_fed_without_a_copy(tmp_path):
     np.testing.assert_allclose(sess.run(None, {"x": x, "unused": x})[0], want, rtol=1e-6)
     h = Session(model, LOW_MEMORY, outputs=["h"]).run(["h"], {"x": x})[0]  # an intermediate tensor
     np.testing.assert_allclose(h, x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_calibration_session_prepacks_the_models_own_arrays(tmp_path):
+    path, w = _model(tmp_path)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    save_model(ir.load(str(path)), tmp_path / "ext.onnx", external_min_bytes=1024)
+    model = load_model(tmp_path / "ext.onnx")
+    sess = Session(model, CALIBRATION)
+    assert sess.weights == {} and sess.input_names == ["x"]  # the weight is an initializer now, nothing to feed
+    arrays, values = sess._shared
+    assert np.shares_memory(arrays["w"], model.graph.initializers["w"].const_value.numpy())  # handed over, not copied
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # pre-packing left on
+        sess.session.get_session_options().get_session_config_entry("session.disable_prepacking")
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], Session(model, LOW_MEMORY).run(None, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+    h = Session(model, CALIBRATION, outputs=["h"]).run(["h"], {"x": x})[0]  # intermediate tensors too
+    np.testing.assert_allclose(h, x @ w, rtol=1e-5, atol=1e-5)
+    assert model.graph.initializers["w"].const_value is not None and "w" not in [v.name for v in model.graph.inputs]
 
 
 def test_configs_reach_onnx_runtime(tmp_path):

@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from ..runners.sessions import LOW_MEMORY, Session
+from ..runners.sessions import CALIBRATION, LOW_MEMORY, Session
 from ..errors import BadInput
 from ..graph.query import static_shape
 from .data import SampleSet
@@ -109,7 +109,7 @@ def collect(
     names = list(observers)
     feeds = FeedSet.for_model(samples, model, batch_size)
     chunks = _chunks(names, _batch_bytes(model, names), budget_bytes)
-    config = replace(LOW_MEMORY, threads=threads)
+    config = replace(CALIBRATION, threads=threads)
     with progress(description, feeds.num_batches * len(chunks)) as bar:
         for chunk in chunks:
             sess = Session(model, config, outputs=chunk)

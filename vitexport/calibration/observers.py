@@ -84,9 +84,13 @@ class HistogramObserver:
             self.R = amax if amax > 0 else 1e-8
         elif amax > self.R:
             self._grow(amax)
-        idx = ((x + self.R) * (n2 / (2.0 * self.R))).astype(np.int64)
-        np.clip(idx, 0, n2 - 1, out=idx)
-        self.counts += np.bincount(idx, minlength=n2)
+        # bin index ⌊(x + R)·n2 / 2R⌋, in one float32 buffer computed in place (a quarter of this
+        # observer's time on ViT-B went to temporaries); x = R lands in an extra bin, folded into the last
+        pos = np.add(x, self.R)
+        pos *= n2 / (2.0 * self.R)
+        counts = np.bincount(pos.astype(np.int32), minlength=n2 + 1)
+        counts[n2 - 1] += counts[n2:].sum()
+        self.counts += counts[:n2]
 
     # --- summaries ------------------------------------------------------------------------------
     def abs_hist(self) -> tuple[np.ndarray, float]:
@@ -244,6 +248,11 @@ class RowSampler:
         self.seen += len(rows)
         keys = self.rng.random(len(rows))
         if self.rows is not None:
+            if len(self.rows) >= self.max_rows:  # full: only a row whose key beats the largest kept one can enter
+                new = keys < self.keys.max()
+                if not new.any():
+                    return
+                rows, keys = rows[new], keys[new]
             rows, keys = np.concatenate([self.rows, rows]), np.concatenate([self.keys, keys])
         if len(rows) > self.max_rows:
             keep = np.argpartition(keys, self.max_rows)[: self.max_rows]

@@ -2,8 +2,8 @@
 
 Two passes over the calibration data:
 
-1. *statistics* (the first ``quantization.smooth_samples``): per-channel max |X| and a sample of
-   activation rows at every quantized Linear's input;
+1. *statistics* (the first ``quantization.smooth_samples``, fewer above 8 GMAC a sample: :func:`statistics_size`):
+   per-channel max |X| and a sample of activation rows at every quantized Linear's input;
 2. *ranges* (all samples, on the smoothed model): a streaming histogram per quantized activation.
 
 Between them the smoothing strength of each site is searched on the sampled rows (:mod:`.search`)
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target, 
     from .target import QuantizeTarget as Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax",
-           "weight_rounding"]
+           "weight_rounding", "statistics_size"]
 
 log = logging.getLogger("vitexport.quantize")
 
@@ -57,6 +57,19 @@ _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: no less needed: left unsmoothed, one planted ×26 channel there cost a post-LN ViT cosine 0.9987 →
 #: measured; such a tensor is smoothed with the gentle strengths of ``THIN_ALPHAS`` only.
 MIN_STAT_SAMPLES, MIN_STAT_ROWS = 32, 256
+#: the statistics pass's compute cap: as many samples as 64 of an 8-GMAC model, at least
+#: :data:`MIN_STAT_SAMPLES`. ViT-B/16 at 224 (17.5 GMAC) gets 32: its 32 × 197 rows hold the per-channel maxima and
+#: 512 search rows with room to spare, and the 32 runs it saves (~8 s on 2 cores) are what keeps its quantize stage
+#: within NNCF's time at 128 calibration samples; models up to ViT-S/16 at 224 and BERT-base at 64 tokens keep 64
+_STAT_MACS = 64 * 8e9
+
+
+def statistics_size(requested: int, macs_per_sample: int) -> int:
+    """How many of the first calibration samples the statistics pass runs (``quantization.smooth_samples``,
+    capped by compute: :data:`_STAT_MACS`)."""
+    if macs_per_sample <= 0:
+        return requested
+    return min(requested, max(MIN_STAT_SAMPLES, int(_STAT_MACS // macs_per_sample)))
 THIN_ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5)
 
 
@@ -245,7 +258,7 @@ def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Re
     fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else obs[t] for t in tensors}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
     with prof.step("calibration"):
-        n = collect(model, samples.head(q.smooth_samples), fed, batch_size=cal.batch_size,
+        n = collect(model, samples.head(statistics_size(q.smooth_samples, plan.total_macs)), fed, batch_size=cal.batch_size,
                     budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..calibration.feeds import FeedSet
-from ..runners.sessions import LOW_MEMORY, Session, SessionConfig
+from ..runners.sessions import CALIBRATION, LOW_MEMORY, Session, SessionConfig
 from ..parity.metrics import CompareResult, compare
 from ..parity.tasks import task_checks
 from ..recipe import Tolerance
@@ -129,16 +129,16 @@ class Judge:
         self.task_ref: dict[str, np.ndarray] | None = None
         with self.profile.step("reference"):
             if task_gated(gate.task):
-                sess = Session(model, LOW_MEMORY)
+                sess = Session(model, CALIBRATION)
                 self.task_ref = _every(sess, select, self.profile.ran)
                 self.ref_sel = self.task_ref[sess.output_names[primary_index(sess.output_names)]]
                 del sess
             else:
-                self.ref_sel = run_outputs(model, select, LOW_MEMORY, self.profile.ran)
+                self.ref_sel = run_outputs(model, select, CALIBRATION, self.profile.ran)
             self.ref_scr = None
             if screen is not None and len(screen):
                 fits = screen_ref is not None and len(screen_ref) == len(screen)
-                self.ref_scr = screen_ref if fits else run_outputs(model, screen, LOW_MEMORY, self.profile.ran)
+                self.ref_scr = screen_ref if fits else run_outputs(model, screen, CALIBRATION, self.profile.ran)
         self.evaluations = 0
 
     @property

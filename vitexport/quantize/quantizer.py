@@ -24,7 +24,8 @@ from ..io import sha256_file
 from ..memory import bounded_heap
 from ..recipe import Recipe
 from .annotate import attention_role
-from .calibrate import CalibrationResult, calibrate, observe_absmax, reuse_table, table_settings, weight_rounding
+from .calibrate import (CalibrationResult, calibrate, observe_absmax, reuse_table, statistics_size, table_settings,
+                        weight_rounding)
 from .convert import INT8_MAX, QdqStats, WeightCache, convert
 from .rounding import GPTQ_ROWS_PER_INPUT
 from .fallback import FallbackResult, output_ranked, rank_output_error, rank_sensitivity, search_fallback
@@ -135,6 +136,10 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
         res = calibrate(model, target, plan, calib, recipe, prof, keep_outputs)
+        if (n_stat := statistics_size(recipe.quantization.smooth_samples, plan.total_macs)) < recipe.quantization.smooth_samples:
+            report.notes.append(f"statistics (smoothing factors, search rows) from the first {n_stat} calibration samples, "
+                                f"not quantization.smooth_samples' {recipe.quantization.smooth_samples}: the model costs "
+                                f"{plan.total_macs / 1e9:.3g} G multiply-accumulates a sample (compute cap)")
         if target.high_precision() == "fp16" and res.plan.nodes:
             with prof.step("calibration"):
                 res.table.float_ranges = observe_absmax(model, calib.head(recipe.quantization.fp16_samples), recipe,

@@ -23,7 +23,7 @@ from ..graph.files import as_model
 from ..graph.weights import weights_as_inputs
 from ..memory import release_memory
 
-__all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "TIMING",
+__all__ = ["SessionConfig", "Session", "session_options", "ORT_TYPES", "QDQ_AS_FLOAT", "LOW_MEMORY", "CALIBRATION", "TIMING",
            "missing_kernel"]
 
 ORT_TYPES = {
@@ -64,6 +64,10 @@ class SessionConfig:
         mem_pattern: ONNX Runtime's memory pattern (one block planned for a whole run's buffers; None: its
             default, on). Off beside an arena, the arena recycles buffers as they are freed instead of holding
             the planned block (the measurements at :data:`QDQ_AS_FLOAT`).
+        prepack: pre-pack the MatMul/Gemm weights of an in-memory model even where ``low_memory``: the
+            weights are handed to ONNX Runtime as initializers that share the model's arrays (no copy), and
+            each is packed once for the GEMM kernels instead of on every run. Costs one packed copy of the
+            weights for the session's life; saves ~15 % of each run (:data:`CALIBRATION`).
     """
 
     threads: int = 0
@@ -73,6 +77,7 @@ class SessionConfig:
     spinning: bool = False
     arena: bool | None = None
     mem_pattern: bool | None = None
+    prepack: bool = False
 
 
 #: calibration and evaluation sessions: no arena, no pre-packing, no spinning threads
@@ -83,6 +88,10 @@ LOW_MEMORY = SessionConfig(optimization="extended", low_memory=True)
 #: AMD EPYC, per run / process peak: no arena 0.55 s / 649 MB; arena 0.41 s / 1009 MB (the pattern's block,
 #: grown by powers of two); arena without the pattern 0.38 s / 654 MB
 QDQ_AS_FLOAT = replace(LOW_MEMORY, qdq_as_float=True, arena=True, mem_pattern=False)
+#: a float model run over many samples, one session at a time (the calibration passes, the judge's float
+#: reference): LOW_MEMORY with its weights pre-packed. Measured on ViT-B/16, 2 threads, AMD EPYC, per run /
+#: resident memory after the first run: 0.246 s / 504 MB fed as inputs, 0.216 s / 836 MB pre-packed
+CALIBRATION = replace(LOW_MEMORY, prepack=True)
 #: latency measurement: every optimisation, pre-packed weights, spinning threads, as deployed
 TIMING = SessionConfig(threads=2, optimization="all", spinning=True)
 
@@ -99,7 +108,7 @@ def session_options(config: SessionConfig) -> ort.SessionOptions:
     opts.enable_cpu_mem_arena = config.arena if config.arena is not None else not config.low_memory
     if config.mem_pattern is not None:
         opts.enable_mem_pattern = config.mem_pattern
-    if config.low_memory:
+    if config.low_memory and not config.prepack:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if config.qdq_as_float:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
@@ -126,6 +135,25 @@ def _from_proto(proto: onnx.ModelProto, opts: ort.SessionOptions) -> ort.Inferen
         return ort.InferenceSession(str(path), opts, providers=providers)
 
 
+def _share_initializers(proto: onnx.ModelProto, weights: dict[str, np.ndarray],
+                        opts: ort.SessionOptions) -> list[ort.OrtValue]:
+    """Turn ``proto``'s lifted weight inputs back into initializers whose bytes ONNX Runtime takes from
+    ``weights`` (``add_external_initializers``: no copy), so its kernels may pre-pack them. Returns the
+    values ONNX Runtime reads from: they must outlive the session."""
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    values = []
+    for name, array in weights.items():
+        t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(array.shape),
+                             data_location=onnx.TensorProto.EXTERNAL)
+        t.external_data.add(key="location", value="vitexport-shared-weights")  # never read: supplied below
+        proto.graph.initializer.append(t)
+        values.append(ort.OrtValue.ortvalue_from_numpy(array))
+    opts.add_external_initializers(list(weights), values)
+    return values
+
+
 class Session:
     """An ONNX Runtime CPU session with ``run(names, feed)`` like ``InferenceSession``.
 
@@ -150,6 +178,10 @@ class Session:
                 if outputs is not None:
                     del proto.graph.output[:]
                     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
+                if config.prepack and self.weights:
+                    # the arrays and ONNX Runtime's views of them live as long as the session
+                    self._shared = (self.weights, _share_initializers(proto, self.weights, opts))
+                    self.weights = {}
                 self.session = _from_proto(proto, opts)
             release_memory()  # the serialised model is gone: hand its pages back (glibc keeps them)
         else:
