@@ -57,6 +57,7 @@ _AUTO_PERCENTILES = (99.9, 99.99, 99.999)
 #: no less needed: left unsmoothed, one planted ×26 channel there cost a post-LN ViT cosine 0.9987 →
 #: measured; such a tensor is smoothed with the gentle strengths of ``THIN_ALPHAS`` only.
 MIN_STAT_SAMPLES, MIN_STAT_ROWS = 32, 256
+THIN_ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5)
 #: the statistics pass's compute cap: as many samples as 64 of an 8-GMAC model, at least
 #: :data:`MIN_STAT_SAMPLES`. ViT-B/16 at 224 (17.5 GMAC) gets 32: its 32 × 197 rows hold the per-channel maxima and
 #: 512 search rows with room to spare, and the 32 runs it saves (~8 s on 2 cores) are what keeps its quantize stage
@@ -70,7 +71,6 @@ def statistics_size(requested: int, macs_per_sample: int) -> int:
     if macs_per_sample <= 0:
         return requested
     return min(requested, max(MIN_STAT_SAMPLES, int(_STAT_MACS // macs_per_sample)))
-THIN_ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5)
 
 
 @dataclass
