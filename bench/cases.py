@@ -103,11 +103,14 @@ GEN_SEEDS = tuple(c.seed for c in CASES.values() if c.seed is not None)
 
 
 def file_digest(path: str | Path, n: int = 16) -> str:
-    """The first ``n`` hex digits of a file's SHA-256 (records compare inputs by content)."""
+    """The first ``n`` hex digits of the SHA-256 of a file and of its external data beside it (``<file>.data``,
+    where an ONNX file's weights are): records compare inputs by content, and a re-quantized model whose
+    graph is unchanged differs in its weights only."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
+    for p in [Path(path), *[d for d in [Path(f"{path}.data")] if d.is_file()]]:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
     return h.hexdigest()[:n]
 
 

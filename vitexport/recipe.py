@@ -479,15 +479,15 @@ class QuantizationSpec(_Spec):
         default=True, description="fold each Linear's mean INT8 output error into its float bias")
     weight_rounding: Literal["auto", "nearest", "gptq"] = Field(
         default="auto",
-        description="integer weights: round to nearest, or GPTQ (each Linear's output error on its sampled input rows "
-                    "decides the rounding; the scales stay the same); auto: GPTQ while its arithmetic (Hessians and "
-                    "their inverses) costs at most 250 G multiply-accumulates (a MiniLM-L6 92 G, where it raised the "
-                    "held-out mean cosine 0.9977 -> 0.9985), nearest beyond (a BERT-base or ViT-B 915 G: the quantize "
-                    "stage's time budget beside NNCF)")
+        description="integer weights: round to nearest, or GPTQ (each Linear's output error on its input rows "
+                    "decides the rounding; the scales stay the same); auto: GPTQ on the Linears with at least 2.5 rows "
+                    "per input channel while that arithmetic (Hessians and their inverses) costs at most 250 G "
+                    "multiply-accumulates (a MiniLM-L6 92 G, where it raised the held-out mean cosine 0.9977 -> 0.9985; "
+                    "a BERT-base or ViT-B 103 G on its 768-wide Linears), nearest for the others")
     gptq_rows: int = Field(
         default=4096, ge=16,
-        description="activation rows per Linear input GPTQ fits on (the searches keep search_rows of them): on "
-                    "MiniLM-L6 512 rows over-fit (held-out worst cosine 0.9840), 2048 0.9931, 4096 0.9954")
+        description="activation rows, spread over the statistics pass's, whose X^T X is GPTQ's Hessian of a Linear "
+                    "input: on MiniLM-L6 512 rows over-fit (held-out worst cosine 0.9840), 2048 0.9931, 4096 0.9954")
     gptq_damp: float = Field(
         default=0.1, gt=0.0,
         description="the share of the mean Hessian diagonal GPTQ adds to it: on MiniLM-L6 the paper's 0.01 over-fit "

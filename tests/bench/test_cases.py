@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # ``bench`` is a top-level folder, not part of th
     sys.path.insert(0, str(ROOT))
 
 from bench.casebench import CaseBench  # noqa: E402
-from bench.cases import CASES, plant_vit_outliers, prepare_case, write_calib_subset  # noqa: E402
+from bench.cases import CASES, file_digest, plant_vit_outliers, prepare_case, write_calib_subset  # noqa: E402
 from bench.plan import CasePlan, cases_plan  # noqa: E402
 from bench.proc import GB, run_child  # noqa: E402
 from bench.report_cases import render_cases  # noqa: E402
@@ -61,6 +61,17 @@ def test_demo_case_splits_are_disjoint_and_reference_is_torch(tmp_path):
     ref = np.load(prep["reference"])
     assert ref["out"].shape == (len(sco), 10) and "y" in ref.files
     assert prep["fp32_accuracy"] > 0.9  # the trained demo, scored on its own held-out rows
+
+
+def test_a_models_digest_covers_its_external_weights(tmp_path):
+    """Two INT8 files with the same graph and other weights (``model.onnx.data``) are two inputs to score."""
+    onnx_file, data = tmp_path / "m.onnx", tmp_path / "m.onnx.data"
+    onnx_file.write_bytes(b"graph")
+    alone = file_digest(onnx_file)
+    data.write_bytes(b"weights 1")
+    first = file_digest(onnx_file)
+    data.write_bytes(b"weights 2")
+    assert len({alone, first, file_digest(onnx_file)}) == 3
 
 
 def test_calib_subset_is_what_vitexport_draws(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from vitexport.recipe import CalibrationMethod as M
 from vitexport.calibration import ChannelAbsMaxObserver, HistogramObserver, MinMaxObserver, make_observer
-from vitexport.calibration.observers import RowSampler
+from vitexport.calibration.observers import GramObserver, RowSampler
 
 
 def _batches(seed=0, n=6):
@@ -108,16 +108,22 @@ def test_channel_absmax():
     np.testing.assert_array_equal(ob.amax, [3.0, 5.0, 2.0])
 
 
-def test_a_larger_row_sample_holds_the_smaller_one_with_its_seed():
+@pytest.mark.parametrize("total", [0, 1257, 5000])
+def test_gram_sums_rows_spread_over_the_stream_whatever_the_batches(total):
+    """``XᵀX`` of 400 rows: the first 400 when the stream's length is not given; given it, 400 spread evenly
+    over it (of a 1257-row stream every third or so, the last rows included), however the batches cut them."""
     rng = np.random.default_rng(3)
-    small, large = RowSampler(64, seed=7), RowSampler(512, seed=7)
-    for n in (40, 300, 17, 900):  # batches of every size, so rows are dropped along the way
-        batch = rng.standard_normal((n, 8)).astype(np.float32)
-        small.update(batch)
-        large.update(batch)
-    assert len(large.rows) == 512 and large.seen == 1257
-    np.testing.assert_array_equal(large.subsample(64), small.rows)
-    assert large.subsample(4096) is large.rows
+    batches = [rng.standard_normal(shape).astype(np.float32) for shape in [(2, 20, 8), (1, 300, 8), (17, 8), (900, 8)]]
+    gram = GramObserver(400, total)
+    for b in batches:
+        gram.update(b)
+    rows = np.concatenate([b.reshape(-1, 8) for b in batches]).astype(np.float64)
+    t = max(total, 400)
+    picked = [i for i in range(min(len(rows), t)) if (i + 1) * 400 // t > i * 400 // t]
+    assert len(picked) == min(len(rows), t) * 400 // t
+    assert gram.rows == len(picked) and (total != len(rows) or picked[-1] == len(rows) - 1)
+    np.testing.assert_allclose(gram.hessian(), rows[picked].T @ rows[picked] / len(picked), rtol=1e-5, atol=1e-6)
+    assert GramObserver(10).hessian() is None
 
 
 def test_row_sample_is_the_rows_with_the_smallest_keys_of_the_whole_stream():

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import onnx_ir as ir
+from threadpoolctl import threadpool_limits
 
 from ..calibration.collect import collect, collect_absmax
 from ..calibration.data import SampleSet
-from ..calibration.observers import ChannelAbsMaxObserver, HistogramObserver, RowSampler, make_observer
+from ..calibration.observers import ChannelAbsMaxObserver, GramObserver, HistogramObserver, RowSampler, make_observer
 from ..calibration.table import ScaleTable
 from ..errors import BadInput
 from ..graph.query import attr, static_shape
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # the target is handed in: quantize/ never imports a target, 
     from .target import QuantizeTarget as Target
 
 __all__ = ["TABLE_FORMAT", "CalibrationResult", "table_settings", "calibrate", "reuse_table", "arith_of", "observe_absmax",
-           "weight_rounding", "statistics_size"]
+           "weight_rounding", "gptq_fit_rows", "statistics_size"]
 
 log = logging.getLogger("vitexport.quantize")
 
@@ -116,23 +117,44 @@ def _linears(plan: QuantPlan) -> list[NodeSpec]:
     return [n for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None]
 
 
-def weight_rounding(model: ir.Model, plan: QuantPlan, recipe: Recipe) -> tuple[str, str]:
-    """How integer weights are rounded (``nearest`` or ``gptq``) and why, ``weight_rounding: auto`` resolved by
-    GPTQ's arithmetic on the plan's Linears (:func:`~.rounding.gptq_cost`) against :data:`~.rounding.GPTQ_BUDGET_MACS`."""
+def gptq_fit_rows(model: ir.Model, plan: QuantPlan, recipe: Recipe, n_samples: int) -> dict[str, tuple[int, int, list[int]]]:
+    """Linear input tensor → (the rows GPTQ's Hessian of it sums: ``gptq_rows`` of those the statistics pass
+    sees, spread over them; the rows that pass sees (0: unknown); the input widths of the Linears it would
+    round), for the Linears GPTQ rounds: under ``weight_rounding: auto`` those with
+    :data:`~.rounding.GPTQ_ROWS_PER_INPUT` rows per input channel, under ``gptq`` all."""
     q = recipe.quantization
-    if q.weight_rounding != "auto":
-        return q.weight_rounding, f"quantization.weight_rounding: {q.weight_rounding}"
+    n_stat = min(n_samples, statistics_size(q.smooth_samples, plan.total_macs))
     inits, nodes = model.graph.initializers, {n.name: n for n in model.graph}
-    widths = []
+    out: dict[str, tuple[int, int, list[int]]] = {}
     for spec in _linears(plan):
         w, node = inits.get(spec.weight.initializer), nodes.get(spec.node)
         shape = w.const_value.shape if w is not None and w.const_value is not None else None
-        if node is not None and shape is not None and len(shape) >= 2:
-            gemm = node.op_type == "Gemm"
-            widths.append(int(shape[1 if attr(node, "transB", 0) else 0] if gemm else shape[-2]))
-    cost = gptq_cost(widths, q.gptq_rows)
-    mode = "gptq" if 0 < cost <= GPTQ_BUDGET_MACS else "nearest"
-    return mode, (f"weight_rounding auto: {mode} (GPTQ on {len(widths)} Linear(s) costs {cost / 1e9:.3g} G "
+        if node is None or shape is None or len(shape) < 2:
+            continue
+        width = int(shape[1 if attr(node, "transB", 0) else 0] if node.op_type == "Gemm" else shape[-2])
+        dims = static_shape(node.inputs[0])
+        seen = 0 if dims is None else n_stat * int(np.prod(dims[:-1]))
+        rows = min(q.gptq_rows, seen) if seen else q.gptq_rows
+        if q.weight_rounding == "gptq" or rows >= GPTQ_ROWS_PER_INPUT * width:
+            out.setdefault(spec.acts[0].tensor, (rows, seen, []))[2].append(width)
+    return out
+
+
+def weight_rounding(model: ir.Model, plan: QuantPlan, recipe: Recipe, n_samples: int) -> tuple[str, str]:
+    """How integer weights are rounded (``nearest`` or ``gptq``) and why, ``weight_rounding: auto`` resolved by
+    GPTQ's arithmetic on the Linears it would round (:func:`gptq_fit_rows`, :func:`~.rounding.gptq_cost`)
+    against :data:`~.rounding.GPTQ_BUDGET_MACS`."""
+    q = recipe.quantization
+    if q.weight_rounding != "auto":
+        return q.weight_rounding, f"quantization.weight_rounding: {q.weight_rounding}"
+    fits = gptq_fit_rows(model, plan, recipe, n_samples)
+    n = sum(len(widths) for _, _, widths in fits.values())
+    if not n:
+        return "nearest", (f"weight_rounding auto: nearest (no Linear has {GPTQ_ROWS_PER_INPUT:g} calibration rows per "
+                           f"input channel for GPTQ)")
+    cost = gptq_cost([(c, rows) for rows, _, widths in fits.values() for c in widths])
+    mode = "gptq" if cost <= GPTQ_BUDGET_MACS else "nearest"
+    return mode, (f"weight_rounding auto: {mode} (GPTQ on {n} Linear(s) costs {cost / 1e9:.3g} G "
                   f"multiply-accumulates, budget {GPTQ_BUDGET_MACS / 1e9:.0f} G)")
 
 
@@ -243,27 +265,32 @@ class _Stats:
     rows: dict[str, np.ndarray]
     thin: list[str] = field(default_factory=list)  # tensors seen too little to act on
     few_rows: set[str] = field(default_factory=set)  # enough images, fewer than MIN_STAT_ROWS rows
-    fit: dict[str, np.ndarray] = field(default_factory=dict)  # GPTQ's rows (gptq_rows), where it rounds
+    fit: dict[str, GramObserver] = field(default_factory=dict)  # GPTQ's XᵀX, where it rounds
 
 
 def _statistics(model: ir.Model, plan: QuantPlan, samples: SampleSet, recipe: Recipe, prof: QuantProfile,
-                fit_rows: int = 0) -> _Stats:
-    """Channel maxima and sampled rows of every Linear / conv input; ``fit_rows``: GPTQ's rows besides
-    (the searches take ``search_rows`` of them)."""
+                fit_rows: dict[str, tuple[int, int, list[int]]] | None = None) -> _Stats:
+    """Channel maxima and ``search_rows`` sampled rows of every Linear / conv input; ``fit_rows``: tensor → the
+    rows GPTQ's Hessian sums and of how many (:func:`gptq_fit_rows`)."""
     cal, q = recipe.calibration, recipe.quantization
+    fit_rows = fit_rows or {}
     convs = {n.acts[0].tensor for n in _convs(model, plan)}
     tensors = list(dict.fromkeys(n.acts[0].tensor for n in [*_linears(plan), *_convs(model, plan)]))
-    keep = max(q.search_rows, fit_rows)
-    obs = {t: [ChannelAbsMaxObserver(), RowSampler(keep, seed=cal.seed + i)] for i, t in enumerate(tensors)}
-    fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else obs[t] for t in tensors}
+    obs = {t: [ChannelAbsMaxObserver(), RowSampler(q.search_rows, seed=cal.seed + i)] for i, t in enumerate(tensors)}
+    grams = {t: GramObserver(r, seen) for t, (r, seen, _) in fit_rows.items() if t in obs and t not in convs}
+    fed = {t: [_ChannelsLast(o) for o in obs[t]] if t in convs else [*obs[t], *([grams[t]] if t in grams else [])]
+           for t in tensors}
     log.debug("statistics (channel maxima, %d rows each) for %d Linear input(s)", q.search_rows, len(tensors))
-    with prof.step("calibration"):
+    # one BLAS thread for the Gram products between runs: two spin on after each product and slow the next ONNX
+    # Runtime run, which wants both cores (ViT-B/16's calibration passes: 36.7 s without GPTQ's Grams, 43.9 s with
+    # them on two threads, 39.3 s on one)
+    with prof.step("calibration"), threadpool_limits(1 if grams else None, user_api="blas"):
         n = collect(model, samples.head(statistics_size(q.smooth_samples, plan.total_macs)), fed, batch_size=cal.batch_size,
                     budget_bytes=cal.memory_budget_mb << 20, description="activation statistics", on_run=prof.ran)
     ok = {t for t, o in obs.items() if n >= MIN_STAT_SAMPLES and o[1].seen >= MIN_STAT_SAMPLES and o[0].amax is not None}
     few = {t for t in ok if obs[t][1].seen < MIN_STAT_ROWS}
-    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].subsample(q.search_rows) for t in ok},
-                  sorted(set(obs) - ok), few, {t: obs[t][1].rows for t in ok} if fit_rows else {})
+    return _Stats({t: obs[t][0].amax for t in ok}, {t: obs[t][1].rows for t in ok}, sorted(set(obs) - ok), few,
+                  {t: g for t, g in grams.items() if t in ok and g.rows})
 
 
 def _site_tensor(plan: QuantPlan, site: SmoothSite) -> str:
@@ -423,11 +450,9 @@ def _choose_ranges(model: ir.Model, target: Target, tensors: list[str], observer
     res.table.choices["range"] = chosen
 
 
-def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rounding: str, fit: dict,
-          damp: float, strict: bool) -> None:
-    """Weight rounding (``gptq``: :mod:`.rounding`, on ``fit``'s rows; unless ``strict``, only on a Linear with
-    :data:`~.rounding.GPTQ_ROWS_PER_INPUT` rows per input channel), bias corrections (when ``correct``), and where
-    the Linears' INT8 error comes from (for the report)."""
+def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, fit: dict, damp: float) -> None:
+    """Weight rounding (GPTQ, :func:`_gptq`, for the Linears reading a tensor in ``fit``), bias corrections (when
+    ``correct``), and where the Linears' INT8 error comes from (for the report)."""
     arith, split = arith_of(target), {"weights": 0.0, "activations": 0.0, "both": 0.0}
     n = 0
     for t, (x, linears) in rows.items():
@@ -436,10 +461,8 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
             continue
         for node, w, init, in_axis, wq in linears:
             summed = wq is not None  # a k×k or grouped conv's taps, each rounded before the sum
-            xf = fit.get(t, (x,))[0]
-            enough = strict or len(xf) >= GPTQ_ROWS_PER_INPUT * w.shape[0]
-            if not summed and in_axis is not None and rounding == "gptq" and enough and init not in res.rounded:
-                wq = _gptq(xf, w, init, in_axis, arith, res, damp)
+            if not summed and in_axis is not None and t in fit and init not in res.rounded:
+                wq = _gptq(fit[t], w, init, in_axis, arith, res, damp)
             elif not summed and in_axis is not None and init in res.rounded:
                 q, scale = res.rounded[init]
                 wq = (q if in_axis == 0 else q.T).astype(np.float32) * scale.reshape(1, -1)
@@ -457,12 +480,31 @@ def _bias(target: Target, rows: dict, res: CalibrationResult, correct: bool, rou
         res.table.choices["error"] = {"linears": n, **{k: v / n for k, v in split.items()}}
 
 
-def _gptq(x: np.ndarray, w: np.ndarray, init: str, in_axis: int, arith, res: CalibrationResult, damp: float) -> np.ndarray:
-    """GPTQ integer weights of one Linear, kept in ``res.rounded`` in the initializer's layout; returns the
-    fake-quantized (C_in, C_out) weight."""
+def _fit_grams(plan: QuantPlan, grams: dict[str, GramObserver], factors: dict[str, np.ndarray],
+               pre_plan: QuantPlan) -> dict[str, tuple[GramObserver, np.ndarray | None]]:
+    """Activation tensor (after smoothing) → the statistics pass's ``XᵀX`` of it and the smoothing factors
+    ``s`` its Linears' input is divided by (GPTQ's Hessian is ``XᵀX / N / s sᵀ``; None: not smoothed)."""
+    pre = {n.node: n.acts[0].tensor for n in _linears(pre_plan)}
+    out: dict[str, tuple[GramObserver, np.ndarray | None]] = {}
+    for spec in _linears(plan):
+        g = grams.get(pre.get(spec.node, ""))
+        if g is not None:
+            s = factors.get(spec.node)
+            out.setdefault(spec.acts[0].tensor, (g, None if s is None else np.ravel(s).astype(np.float64)))
+    return out
+
+
+def _gptq(fit: tuple[GramObserver, np.ndarray | None], w: np.ndarray, init: str, in_axis: int, arith,
+          res: CalibrationResult, damp: float) -> np.ndarray:
+    """GPTQ integer weights of one Linear (its input's ``XᵀX`` and smoothing factors, :func:`_fit_grams`), kept in
+    ``res.rounded`` in the initializer's layout; returns the fake-quantized (C_in, C_out) weight."""
+    gram, s = fit
+    h = gram.hessian()
+    if s is not None:
+        h /= np.outer(s, s)
     amax = np.abs(w).max(axis=0) if arith.per_channel else np.full(w.shape[1], np.abs(w).max())
     scale = np.maximum(amax / arith.qmax, 1e-8).astype(np.float32)
-    q = gptq_round(x, w, scale, arith.qmax, damp)
+    q = gptq_round(h, w, scale, arith.qmax, damp)
     res.rounded[init] = (q if in_axis == 0 else np.ascontiguousarray(q.T), scale if arith.per_channel else scale[:1].reshape(()))
     return q.astype(np.float32) * scale.reshape(1, -1)
 
@@ -484,8 +526,8 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
     res = CalibrationResult(table, plan)
     needs_stats = q.smooth or q.bias_correction or cal.method is CalibrationMethod.auto
     has_rows = _linears(plan) or _convs(model, plan)
-    rounding, _ = weight_rounding(model, plan, recipe)
-    fit_rows = q.gptq_rows if rounding == "gptq" else 0
+    rounding, _ = weight_rounding(model, plan, recipe, len(samples))
+    fit_rows = gptq_fit_rows(model, plan, recipe, len(samples)) if rounding == "gptq" else {}
     stats = _statistics(model, plan, samples, recipe, prof, fit_rows) if needs_stats and has_rows else _Stats({}, {})
     factors: dict[str, np.ndarray] = {}
     if q.smooth:
@@ -493,10 +535,10 @@ def calibrate(model: ir.Model, target: Target, plan: QuantPlan, samples: SampleS
             factors = _smooth(model, target, plan, stats, recipe, res)
             res.plan = target.annotate(model)
     rows = _row_inputs(model, res.plan, stats.rows, factors, plan, arith_of(target))
-    fit = _row_inputs(model, res.plan, stats.fit, factors, plan, arith_of(target)) if stats.fit else {}
+    fit = _fit_grams(res.plan, stats.fit, factors, plan)
     _ranges(model, target, res.plan, samples, recipe, rows, res, prof, keep_outputs)
     with prof.step("range_search"):
-        _bias(target, rows, res, q.bias_correction, rounding, fit, q.gptq_damp, strict=q.weight_rounding == "gptq")
+        _bias(target, rows, res, q.bias_correction, fit, q.gptq_damp)
     _keep_zero_ranges_float(res, target)
     return res
 

@@ -131,7 +131,7 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
            "settings": table_settings(recipe, target, holdout)}
     path = work_dir / "calibration.json"
     # a GPTQ table's integer weights are not in calibration.json: such a table is made afresh
-    rounding, why = weight_rounding(model, plan, recipe)
+    rounding, why = weight_rounding(model, plan, recipe, len(calib))
     reusable = cal.reuse and rounding == "nearest"
     res = reuse_table(path, model, target, plan, key, report.notes, recipe.quantization.smooth_insert) if reusable else None
     if res is None:
@@ -147,9 +147,11 @@ def _scales(model: ir.Model, fp32_path: Path, target: Target, plan: QuantPlan, c
         res.table.model_hash, res.table.data_hash, res.table.settings = key["model_hash"], key["data_hash"], key["settings"]
         res.table.save(path)
     if rounding == "gptq":
+        linears = sum(1 for n in plan.nodes if n.kind is NodeKind.linear and n.weight is not None)
         why += f"; {len(res.rounded)} Linear(s) rounded with GPTQ" + (
-            "" if recipe.quantization.weight_rounding == "gptq" else
-            f", the others to nearest (fewer than {GPTQ_ROWS_PER_INPUT:g} calibration rows per input channel)")
+            "" if recipe.quantization.weight_rounding == "gptq" or len(res.rounded) >= linears else
+            f", the other {linears - len(res.rounded)} to nearest (fewer than {GPTQ_ROWS_PER_INPUT:g} calibration rows "
+            f"per input channel)")
     report.notes.append(why)
     report.reused_table, report.num_samples = res.reused, res.table.num_samples
     report.smoothed, report.smooth_skipped = res.smoothed, dict(res.smooth_skipped)
