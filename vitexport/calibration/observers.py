@@ -11,7 +11,8 @@ pairwise, which is exact), plus the exact min and max. Every method is computed 
 - ``mse``: the threshold that minimises the expected int8 rounding + clipping error on ``|x|``.
 
 A :class:`ChannelAbsMaxObserver` keeps ``max |x|`` per last-axis channel (equalisation statistics), a
-:class:`GramObserver` the sum ``XᵀX`` of a tensor's first rows (GPTQ's Hessian: C² numbers, whatever the rows).
+:class:`GramObserver` the sum ``XᵀX`` of a tensor's rows, spread over the stream (GPTQ's Hessian: C² numbers,
+whatever the rows).
 """
 from __future__ import annotations
 
